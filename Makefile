@@ -1,0 +1,36 @@
+# veil: `make demo` and `make test` set themselves up on a fresh machine (a .venv beside this file).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.veil-installed
+# The CPU build of torch that lies on this kind of machine; elsewhere pip resolves torch from pyproject.
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: install demo test test-fast bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_CPU)" || echo "note: $(TORCH_CPU) not available here; pip will pick torch from pyproject.toml"
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/veil demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not gpu" --timeout=900
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not gpu and not slow" --timeout=600
+
+bench: $(STAMP)
+	$(PY) benchmarks/uldnet_digits.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf runs benchmarks/out .pytest_cache .ruff_cache

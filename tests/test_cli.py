@@ -1,0 +1,81 @@
+"""The `veil` command: groups, help with examples, version, errors, a real training run in-process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from veil import __version__
+from veil.cli import GROUPS, main
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"veil {__version__}"
+
+
+def test_top_level_help_lists_every_group_and_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for group in [*GROUPS, "demo"]:
+        assert f"  {group}" in out
+    assert "example:" in out
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_every_group_has_help_with_an_example(group: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([group, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert f"veil {group}" in out and "example:" in out
+
+
+def test_group_without_verbs_says_so_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", "onnx"]) == 2
+    assert "none yet" in capsys.readouterr().err
+
+
+def test_unknown_group_and_verb_are_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["nope"]) == 2
+    assert "unknown group 'nope'" in capsys.readouterr().err
+    assert main(["train", "nope"]) == 2
+    assert "unknown verb 'nope'; expected ['uldnet']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["train", "uldnet", "--help"], ["demo", "--help"]])
+def test_verb_help_has_an_example(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    assert "example:" in capsys.readouterr().out
+
+
+def test_bad_config_value_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "uldnet", "--epochs", "3", "--no-progress"]) == 2  # warm-up 5 >= epochs 3
+    err = capsys.readouterr().err
+    assert "TrainConfig.warmup_epochs: expected 0 <= warmup_epochs < epochs=3, received 5" in err
+    assert "Traceback" not in err
+
+
+def test_train_uldnet_writes_checkpoint_and_prints_metrics(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ck"
+    argv = ["train", "uldnet", "--arch", "mlp", "--width", "32", "--epochs", "2", "--warmup-epochs", "1",
+            "--act-degree", "3", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["polynomial"] and metrics["depth_total"] == 1 + 3 + 3 + 1
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "metrics.json"}
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["kind"] == "uldnet" and saved["model"]["act"]["degree"] == 3 and saved["train"]["epochs"] == 2
+    # the saved config.json drives a second run; flags still override it
+    assert main(["train", "uldnet", "--config", str(out / "config.json"), "--epochs", "3", "--out",
+                 str(tmp_path / "ck2"), "--no-progress"]) == 0
+    again = json.loads((tmp_path / "ck2" / "config.json").read_text())
+    assert again["model"] == saved["model"] and again["train"]["epochs"] == 3
+
+
+def test_console_script_entry_point_runs() -> None:
+    done = subprocess.run([sys.executable, "-m", "veil.cli", "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == f"veil {__version__}"

@@ -1,0 +1,85 @@
+"""`veil train uldnet`: train a fully polynomial ULD-Net model (and, on request, its standard-op baseline).
+
+Examples:
+    veil train uldnet --preset digits --arch cnn --out runs/polycnn
+    veil train uldnet --data my.npz --arch mlp --width 128 --depth 2 --epochs 30 --out runs/mlp
+    veil train uldnet --image-folder photos/ --image-size 16 --arch cnn --compare-baseline
+
+Results (metrics JSON) go to stdout; the progress bar goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
+from .data import Splits, load_digits_preset, load_image_folder, load_npz
+
+EXAMPLE = """example:
+  veil train uldnet --preset digits --arch cnn --out runs/polycnn
+  veil train uldnet --data my.npz --arch mlp --width 128 --epochs 30 --compare-baseline
+"""
+
+
+def build_parser(prog: str = "veil train uldnet") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", choices=["digits"], default=None, help="bundled dataset (default: digits)")
+    source.add_argument("--data", type=Path, help=".npz file with arrays x (N, ...) and y (N,)")
+    source.add_argument("--image-folder", type=Path, help="folder of class sub-folders of images")
+    parser.add_argument("--image-size", type=int, default=8, help="resize images to this size (with --image-folder)")
+    parser.add_argument("--rgb", action="store_true", help="keep 3 colour channels (with --image-folder)")
+    parser.add_argument("--out", type=Path, default=None, help="checkpoint folder (default: runs/uldnet-<arch>)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="start from a JSON file with 'model' and 'train' objects (e.g. a checkpoint's config.json)")
+    parser.add_argument("--compare-baseline", action="store_true",
+                        help="also train the same network with standard ops and record its accuracy")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    ModelConfig.add_arguments(parser, skip=("input_shape", "num_classes"))
+    PolyNormConfig.add_arguments(parser, prefix="norm-")
+    PolyActConfig.add_arguments(parser, prefix="act-")
+    TrainConfig.add_arguments(parser)
+    return parser
+
+
+def load_data(args: argparse.Namespace) -> Splits:
+    if args.data is not None:
+        return load_npz(args.data)
+    if args.image_folder is not None:
+        return load_image_folder(args.image_folder, args.image_size, grayscale=not args.rgb)
+    return load_digits_preset()
+
+
+def configs_from_args(args: argparse.Namespace, data: Splits) -> tuple[ModelConfig, TrainConfig]:
+    base = json.loads(args.config.read_text()) if args.config else {}
+    model_base = dict(base.get("model", {}))
+    norm = PolyNormConfig.from_args(args, prefix="norm-", base=model_base.pop("norm", None))
+    act = PolyActConfig.from_args(args, prefix="act-", base=model_base.pop("act", None))
+    model = ModelConfig.from_args(args, base=model_base, input_shape=data.input_shape,
+                                  num_classes=len(data.classes), norm=norm, act=act)
+    return model, TrainConfig.from_args(args, base=base.get("train"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .trainer import save_uldnet, train_uldnet
+
+    args = build_parser().parse_args(argv)
+    data = load_data(args)
+    model_config, train_config = configs_from_args(args, data)
+    out = args.out or Path("runs") / f"uldnet-{model_config.arch}{'-baseline' if model_config.baseline else ''}"
+    result = train_uldnet(model_config, train_config, data, progress=not args.no_progress)
+    extra = {}
+    if args.compare_baseline and not model_config.baseline:
+        baseline = train_uldnet(model_config.replace(baseline=True), train_config, data, progress=not args.no_progress)
+        extra["baseline"] = {k: baseline.metrics[k] for k in ("test_accuracy", "val_accuracy", "train_seconds", "parameters")}
+    save_uldnet(result, out, data, extra)
+    print(json.dumps({"checkpoint": str(out), **result.metrics, **extra}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""ULD-Net configs: PolyNorm, PolyAct, the model families and the trainer (all JSON round-trippable)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+from veil.config import Config, ConfigError, field
+
+# g(x) <= 1/sqrt(x) on (0, k*mu) needs (5 - k) * sqrt(k) <= 4, i.e. k >= 2.43845 (he.md §1.3).
+K_MIN_BOUNDED = 2.43845
+
+
+@dataclass
+class PolyNormConfig(Config):
+    """PolyNorm: per-sample normalization with 1/sqrt replaced by a local quadratic (he.md §1.3)."""
+
+    k: float = field(4.0, "b = k*mu: where g's parabola has its minimum; paper value 4, valid range (1, 5)")
+    mu: float = field(2.0, "point where g matches 1/sqrt(x) in value and slope; paper value 2")
+    momentum: float = field(0.1, "EMA momentum of the running mean of the per-sample variance (Var-bar)")
+    eps: float = field(1e-5, "epsilon of the exact LayerNorm used during warm-up")
+    token_stats: Literal["feature", "sample"] = field(
+        "feature", "statistics for (B, N, D) tokens: 'feature' = over D per token, 'sample' = over N and D (the paper's ViT axis)")
+    affine: bool = field(True, "learn an elementwise gain and bias after normalizing")
+
+    def validate(self) -> None:
+        if not 1.0 < self.k < 5.0:
+            raise ConfigError(f"PolyNormConfig.k: expected 1 < k < 5, received {self.k}")
+        if self.k < K_MIN_BOUNDED:
+            warnings.warn(f"PolyNormConfig.k={self.k} < {K_MIN_BOUNDED}: g(x) <= 1/sqrt(x) no longer holds on (0, k*mu)",
+                          UserWarning, stacklevel=3)
+        if self.mu <= 0:
+            raise ConfigError(f"PolyNormConfig.mu: expected > 0, received {self.mu}")
+        if not 0.0 < self.momentum <= 1.0:
+            raise ConfigError(f"PolyNormConfig.momentum: expected in (0, 1], received {self.momentum}")
+
+    def quadratic(self) -> tuple[float, float, float]:
+        """(a, b, c) of g(x) = a (x - b)^2 + c, the fit of 1/sqrt(x) at x = mu with b = k mu."""
+        a = -1.0 / (4.0 * (1.0 - self.k) * self.mu**2.5)
+        c = (5.0 - self.k) / (4.0 * math.sqrt(self.mu))
+        return a, self.k * self.mu, c
+
+
+@dataclass
+class PolyActConfig(Config):
+    """PolyAct(x) = Dropout(sum_i alpha_i c_i x^i): trainable alpha_i, fixed scale factors c_i (he.md §1.4)."""
+
+    degree: int = field(2, "polynomial degree, 0..3 (paper: 2 for ResNets, 3 for VanillaNet)")
+    init: Literal["relu_fit", "gelu_fit", "identity", "square"] = field(
+        "relu_fit", "initial coefficients: least-squares fit of ReLU/GELU under N(0,1), identity x, or pure x^2")
+    per_channel: bool = field(True, "one coefficient set per channel (as in the authors' precursor code)")
+    scales: list[float] = field([1.0, 1.0, 0.1, 0.1], "fixed factors c_0..c_3 (per-coefficient learning-rate scalers)")
+    dropout: float = field(0.0, "dropout after the polynomial")
+    trainable: bool = field(True, "train the coefficients alpha (False keeps the initial polynomial)")
+
+    def validate(self) -> None:
+        if not 0 <= self.degree <= 3:
+            raise ConfigError(f"PolyActConfig.degree: expected 0..3 (depth <= 3), received {self.degree}")
+        if len(self.scales) < self.degree + 1 or any(s <= 0 for s in self.scales[: self.degree + 1]):
+            raise ConfigError(f"PolyActConfig.scales: expected {self.degree + 1} positive factors, received {self.scales}")
+        if self.init == "square" and self.degree < 2:
+            raise ConfigError(f"PolyActConfig.init: 'square' needs degree >= 2, received degree {self.degree}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"PolyActConfig.dropout: expected in [0, 1), received {self.dropout}")
+
+
+@dataclass
+class ModelConfig(Config):
+    """One of the ULD-Net model families, or the same architecture with standard ops (baseline=True)."""
+
+    arch: Literal["mlp", "cnn", "vit"] = field("cnn", "model family: PolyMLP, PolyCNN (ResNet-style) or PolyViT")
+    baseline: bool = field(False, "build the same network with standard ops (ReLU, LayerNorm/BatchNorm, softmax, MaxPool)")
+    input_shape: list[int] = field([1, 8, 8], "shape of one sample: (C, H, W) for images, (F,) for feature vectors (mlp)")
+    num_classes: int = field(10, "number of output classes")
+    width: int = field(32, "hidden size (mlp), base channels (cnn) or embedding size (vit)")
+    depth: int = field(1, "hidden layers (mlp), residual blocks per stage (cnn) or transformer blocks (vit)")
+    heads: int = field(4, "attention heads (vit)")
+    patch_size: int = field(2, "patch size (vit)")
+    mlp_ratio: int = field(2, "hidden expansion of the transformer MLP (vit)")
+    normalize: bool = field(True, "insert normalization layers (mlp only may switch them off)")
+    norm: PolyNormConfig = field(None, "PolyNorm settings")  # type: ignore[arg-type]
+    act: PolyActConfig = field(None, "PolyAct settings")  # type: ignore[arg-type]
+
+    def __post_init__(self) -> None:
+        self.norm = PolyNormConfig() if self.norm is None else self.norm
+        self.act = PolyActConfig() if self.act is None else self.act
+        super().__post_init__()
+
+    def validate(self) -> None:
+        if any(s <= 0 for s in self.input_shape) or not self.input_shape:
+            raise ConfigError(f"ModelConfig.input_shape: expected positive sizes, received {self.input_shape}")
+        if self.arch in ("cnn", "vit") and len(self.input_shape) != 3:
+            raise ConfigError(f"ModelConfig.input_shape: arch '{self.arch}' expects (C, H, W), received {self.input_shape}")
+        if self.arch != "mlp" and not self.normalize:
+            raise ConfigError(f"ModelConfig.normalize: only arch 'mlp' may switch normalization off, received arch '{self.arch}'")
+        if self.arch == "vit":
+            _, h, w = self.input_shape
+            if h % self.patch_size or w % self.patch_size:
+                raise ConfigError(f"ModelConfig.patch_size: expected a divisor of {h}x{w}, received {self.patch_size}")
+            if self.width % (2 * self.heads):
+                raise ConfigError(f"ModelConfig.width: expected a multiple of 2*heads={2 * self.heads} (RoPE pairs), received {self.width}")
+        for name in ("num_classes", "width"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"ModelConfig.{name}: expected >= 1, received {getattr(self, name)}")
+        if self.depth < 0 or (self.arch == "vit" and self.depth < 1):
+            raise ConfigError(f"ModelConfig.depth: expected >= {1 if self.arch == 'vit' else 0}, received {self.depth}")
+
+
+@dataclass
+class TrainConfig(Config):
+    """How a ULD-Net model is trained (the same settings train its standard-op baseline)."""
+
+    epochs: int = field(60, "training epochs")
+    warmup_epochs: int = field(5, "epochs with the exact LayerNorm before switching PolyNorm on (initialises Var-bar)")
+    batch_size: int = field(64, "mini-batch size")
+    lr: float = field(3e-3, "peak learning rate (AdamW, cosine decay)")
+    weight_decay: float = field(5e-4, "AdamW weight decay")
+    lambda1: float = field(0.0, "L1 penalty weight on the mean relative variance v (paper value NOT FOUND)")
+    lambda2: float = field(1e-2, "L2 penalty weight on the mean (v - 1)^2 (paper value NOT FOUND)")
+    grad_clip: float = field(1.0, "clip the gradient norm to this value (0 disables)")
+    augment: bool = field(True, "random +-1 pixel shifts of image inputs")
+    label_smoothing: float = field(0.0, "cross-entropy label smoothing")
+    seed: int = field(0, "seed of initialisation, shuffling and augmentation")
+    threads: int = field(0, "torch CPU threads (0 keeps torch's default)")
+
+    def validate(self) -> None:
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"TrainConfig.{name}: expected >= 1, received {getattr(self, name)}")
+        if not 0 <= self.warmup_epochs < self.epochs:
+            raise ConfigError(f"TrainConfig.warmup_epochs: expected 0 <= warmup_epochs < epochs={self.epochs}, received {self.warmup_epochs}")
+        for name in ("lr", "weight_decay", "lambda1", "lambda2", "grad_clip", "label_smoothing"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"TrainConfig.{name}: expected >= 0, received {getattr(self, name)}")

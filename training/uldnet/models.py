@@ -1,0 +1,143 @@
+"""ULD-Net model families (PolyMLP, PolyCNN, PolyViT) and their same-architecture standard-op baselines.
+
+Each family is built from one ModelConfig. ``baseline=True`` swaps PolyNorm -> LayerNorm (BatchNorm in
+the CNN), PolyAct -> ReLU (GELU in the ViT), linear attention -> softmax attention and AvgPool -> MaxPool,
+keeping every other layer the same, so accuracy differences measure the polynomial replacements only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from torch import nn
+
+from .attention import MultiHeadAttention
+from .config import ModelConfig
+from .polyact import PolyAct
+from .polynorm import PolyNorm
+
+
+def make_norm(config: ModelConfig, features: int, layout: str) -> nn.Module:
+    """PolyNorm, or the standard normalization of the baseline (BatchNorm for maps, LayerNorm for tokens)."""
+    if not config.normalize:
+        return nn.Identity()
+    if not config.baseline:
+        return PolyNorm(features, config.norm, layout=layout)  # type: ignore[arg-type]
+    return nn.BatchNorm2d(features) if layout == "channels" else nn.LayerNorm(features)
+
+
+def make_act(config: ModelConfig, channels: int, channel_dim: int, standard: type[nn.Module] = nn.ReLU) -> nn.Module:
+    """PolyAct, or ``standard`` (ReLU / GELU) for the baseline."""
+    return standard() if config.baseline else PolyAct(channels, config.act, channel_dim=channel_dim)
+
+
+class PolyMLP(nn.Module):
+    """Fully polynomial MLP: depth x (Linear -> PolyNorm -> PolyAct) -> Linear.
+
+    Example:
+        >>> PolyMLP(ModelConfig(arch="mlp", input_shape=[64])).forward(torch.randn(2, 64)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        features = math.prod(config.input_shape)
+        for _ in range(config.depth):
+            layers += [nn.Linear(features, config.width), make_norm(config, config.width, "tokens"),
+                       make_act(config, config.width, -1)]
+            features = config.width
+        layers.append(nn.Linear(features, config.num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):  # (B, *input_shape) -> (B, classes)
+        return self.net(x)
+
+
+class ResidualBlock(nn.Module):
+    """conv3x3 -> norm -> act -> conv3x3 -> norm, plus the (1x1 conv) shortcut, then act."""
+
+    def __init__(self, config: ModelConfig, c_in: int, c_out: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
+        self.norm1 = make_norm(config, c_out, "channels")
+        self.act1 = make_act(config, c_out, 1)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1)
+        self.norm2 = make_norm(config, c_out, "channels")
+        self.shortcut = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
+        self.act2 = make_act(config, c_out, 1)
+
+    def forward(self, x):  # (B, C_in, H, W) -> (B, C_out, H, W)
+        y = self.norm2(self.conv2(self.act1(self.norm1(self.conv1(x)))))
+        return self.act2(y + self.shortcut(x))
+
+
+class PolyCNN(nn.Module):
+    """Small ResNet-style polynomial CNN: stem, stage 1 (width), AvgPool 2x2, stage 2 (2 x width), GAP, Linear.
+
+    Example:
+        >>> PolyCNN(ModelConfig(arch="cnn")).forward(torch.randn(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c, w = config.input_shape[0], config.width
+        self.stem = nn.Sequential(nn.Conv2d(c, w, 3, padding=1), make_norm(config, w, "channels"), make_act(config, w, 1))
+        self.stage1 = nn.Sequential(*[ResidualBlock(config, w, w) for _ in range(config.depth)])
+        self.pool = nn.MaxPool2d(2) if config.baseline else nn.AvgPool2d(2)
+        widths = [w] + [2 * w] * max(config.depth, 1)
+        self.stage2 = nn.Sequential(*[ResidualBlock(config, widths[i], widths[i + 1]) for i in range(max(config.depth, 1))])
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * w, config.num_classes))
+
+    def forward(self, x):  # (B, C, H, W) -> (B, classes)
+        return self.head(self.stage2(self.pool(self.stage1(self.stem(x)))))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + Attn(Norm(x)); x + MLP(Norm(x))."""
+
+    def __init__(self, config: ModelConfig, num_tokens: int) -> None:
+        super().__init__()
+        d = config.width
+        self.norm1 = make_norm(config, d, "tokens")
+        self.attn = MultiHeadAttention(d, config.heads, num_tokens, linear=not config.baseline)
+        self.norm2 = make_norm(config, d, "tokens")
+        self.mlp = nn.Sequential(nn.Linear(d, config.mlp_ratio * d), make_act(config, config.mlp_ratio * d, -1, nn.GELU),
+                                 nn.Linear(config.mlp_ratio * d, d))
+
+    def forward(self, x):  # (B, N, D) -> (B, N, D)
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class PolyViT(nn.Module):
+    """Tiny polynomial ViT: patch embedding, blocks with linear attention, final norm, token mean, Linear.
+
+    Example:
+        >>> PolyViT(ModelConfig(arch="vit", width=32)).forward(torch.randn(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c, h, w = config.input_shape
+        p, d = config.patch_size, config.width
+        num_tokens = (h // p) * (w // p)
+        self.patch = nn.Conv2d(c, d, p, stride=p)
+        self.blocks = nn.Sequential(*[TransformerBlock(config, num_tokens) for _ in range(config.depth)])
+        self.norm = make_norm(config, d, "tokens")
+        self.fc = nn.Linear(d, config.num_classes)
+
+    def forward(self, x):  # (B, C, H, W) -> (B, classes)
+        tokens = self.patch(x).flatten(2).transpose(1, 2)  # (B, N, D)
+        return self.fc(self.norm(self.blocks(tokens)).mean(dim=1))
+
+
+ARCHITECTURES: dict[str, Callable[[ModelConfig], nn.Module]] = {"mlp": PolyMLP, "cnn": PolyCNN, "vit": PolyViT}
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    """The network ``config`` describes (a ULD-Net model, or its standard-op baseline)."""
+    return ARCHITECTURES[config.arch](config)

@@ -1,0 +1,102 @@
+"""The one `veil` command: `veil <group> <verb> [options]`.
+
+Verbs are modules with ``build_parser()`` and ``main(argv) -> int``; they are imported only when run, so
+`veil --help` stays fast and a client install never imports torch. Groups whose issue has not landed yet
+say so and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from veil import __version__
+
+# group -> (what it is for, {verb: module}, example)
+GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
+    "train": ("train models from scratch", {"uldnet": "veil.training.uldnet.cli"},
+              "veil train uldnet --preset digits --arch cnn --out runs/polycnn"),
+    "finetune": ("adapter fine-tuning: LoRA, PSOFT, mtLoRA, E2LoRA, LoRA-Mixer, VAPT", {},
+                 "veil finetune lora MODEL --data DATA --out DIR"),
+    "compress": ("compression: SAES-SVD, HEAPr, safety realignment", {},
+                 "veil compress MODEL --recipe recipe.yaml --calibration DATA --out DIR"),
+    "export": ("checkpoint -> ONNX in a Triton-layout model repository", {},
+               "veil export onnx runs/polycnn --repo models/"),
+    "serve": ("serve a model repository over the Open Inference Protocol v2", {}, "veil serve models/ --port 8000"),
+    "he": ("encrypted inference: keygen, encrypt, infer, decrypt", {}, "veil he keygen --plan models/polycnn"),
+    "codec": ("ARPC image codec: encode, decode, eval, bench", {}, "veil codec encode image.png -o image.arpc"),
+    "sample": ("PriorGuide posterior sampling", {}, "veil sample --model runs/priorguide --observation x.npy"),
+}
+
+USAGE = f"""usage: veil <group> <verb> [options]      (veil <group> --help lists the verbs)
+
+veil {__version__}: a privacy- and deployment-oriented inference engine.
+
+groups:
+{chr(10).join(f"  {name:<9} {desc}" for name, (desc, _, _) in GROUPS.items())}
+  demo      train (or reuse) the digits PolyCNN and print a summary table
+
+options:
+  -h, --help     show this help
+  --version      print the version
+
+example:
+  veil train uldnet --preset digits --arch cnn --out runs/polycnn
+  veil demo
+"""
+
+
+def group_help(name: str) -> str:
+    desc, verbs, example = GROUPS[name]
+    lines = [f"usage: veil {name} <verb> [options]", "", f"veil {name}: {desc}", ""]
+    if verbs:
+        lines += ["verbs:"] + [f"  {verb:<9} (veil {name} {verb} --help)" for verb in verbs]
+    else:
+        lines += ["verbs: none yet (this group arrives with its issue)"]
+    return "\n".join([*lines, "", "example:", f"  {example}", ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"veil {__version__}")
+        return 0
+    group, rest = argv[0], argv[1:]
+    if group == "demo":
+        from veil.demo import main as demo_main
+
+        return run_verb("veil demo", lambda: demo_main(rest))
+    if group not in GROUPS:
+        print(f"veil: unknown group {group!r}; expected one of {[*GROUPS, 'demo']}", file=sys.stderr)
+        return 2
+    verbs = GROUPS[group][1]
+    if not rest or rest[0] in ("-h", "--help"):
+        print(group_help(group))
+        return 0 if rest else 2
+    if rest[0] not in verbs:
+        expected = sorted(verbs) if verbs else "none yet (this group arrives with its issue)"
+        print(f"veil {group}: unknown verb {rest[0]!r}; expected {expected}", file=sys.stderr)
+        return 2
+    return run_verb(f"veil {group} {rest[0]}", lambda: importlib.import_module(verbs[rest[0]]).main(rest[1:]))
+
+
+def run_verb(name: str, call) -> int:
+    """Run a verb; bad input (ValueError, missing file) becomes one line on stderr and exit status 2.
+
+    Set VEIL_DEBUG=1 to see the traceback instead.
+    """
+    try:
+        return call()
+    except (ValueError, FileNotFoundError) as exc:
+        if os.environ.get("VEIL_DEBUG"):
+            raise
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

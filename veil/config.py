@@ -1,0 +1,175 @@
+"""Dataclass configs shared by every room: JSON round trip, validation helpers, argparse generation.
+
+Every veil config is a ``@dataclass`` that inherits :class:`Config`. Fields carry their help text in
+``metadata={"help": ...}`` so that ``--help`` on the command line is written once, here. Closed choices
+are ``Literal[...]`` and are checked on construction with an error that names the field, the expected
+values and the received value. This module needs neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tempfile
+import types
+import typing
+import warnings
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+C = TypeVar("C", bound="Config")
+_UNION_TYPES = (typing.Union, types.UnionType)
+
+
+class ConfigError(ValueError):
+    """A config field holds a value outside what the field accepts."""
+
+
+def field(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field with its help text; lists and dicts get a factory."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
+def _check_type(cls_name: str, name: str, hint: Any, value: Any) -> Any:
+    """Check (and gently coerce) one value against its type hint; raise ConfigError otherwise."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{cls_name}.{name}: expected one of {list(args)}, received {value!r}")
+        return value
+    if origin in _UNION_TYPES:
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check_type(cls_name, name, inner[0], value) if len(inner) == 1 else value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{cls_name}.{name}: expected a bool, received {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{cls_name}.{name}: expected an int, received {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{cls_name}.{name}: expected a number, received {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{cls_name}.{name}: expected a string, received {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{cls_name}.{name}: expected a list, received {value!r}")
+        item = args[0] if args else Any
+        items = [_check_type(cls_name, f"{name}[{i}]", item, v) for i, v in enumerate(value)] if item is not Any else list(value)
+        return tuple(items) if origin is tuple else items
+    if isinstance(hint, type) and issubclass(hint, Config):
+        if isinstance(value, hint):
+            return value
+        if isinstance(value, dict):
+            return hint.from_dict(value)
+        raise ConfigError(f"{cls_name}.{name}: expected a {hint.__name__} or a dict, received {value!r}")
+    return value
+
+
+@dataclasses.dataclass
+class Config:
+    """Base of every veil config: typed, validated, JSON round-trippable."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _check_type(type(self).__name__, f.name, hints[f.name], getattr(self, f.name)))
+        self.validate()
+
+    def validate(self) -> None:
+        """Cross-field checks; subclasses raise ConfigError naming the field(s)."""
+
+    # -- JSON -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, Config) else (list(value) if isinstance(value, tuple) else value)
+        return out
+
+    @classmethod
+    def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+        """Build from a dict; unknown keys are ignored with a warning that names them."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{cls.__name__}: expected a JSON object, received {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            warnings.warn(f"{cls.__name__}: ignoring unknown keys {unknown}", UserWarning, stacklevel=2)
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls: type[C], text: str) -> C:
+        return cls.from_dict(json.loads(text))
+
+    def replace(self: C, **changes: Any) -> C:
+        return dataclasses.replace(self, **changes)
+
+    # -- argparse -------------------------------------------------------------------------------
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser, prefix: str = "", skip: tuple[str, ...] = ()) -> None:
+        """Add one ``--<prefix><field>`` flag per scalar field; help and choices come from the field metadata."""
+        hints = typing.get_type_hints(cls)
+        group = parser.add_argument_group(f"{cls.__name__} ({cls.__doc__.splitlines()[0] if cls.__doc__ else ''})")
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            if f.name in skip or (isinstance(hint, type) and issubclass(hint, Config)):
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            kwargs: dict[str, Any] = {"default": None, "dest": prefix.replace("-", "_") + f.name,
+                                      "help": f"{f.metadata.get('help', '')} (default: {default})"}
+            origin, args = get_origin(hint), get_args(hint)
+            if origin in _UNION_TYPES:
+                hint = next(a for a in args if a is not type(None))
+                origin, args = get_origin(hint), get_args(hint)
+            if hint is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            elif origin is Literal:
+                kwargs["choices"] = list(args)
+            elif origin in (list, tuple):
+                kwargs.update(nargs="+", type=args[0] if args else str)
+            else:
+                kwargs["type"] = hint if hint in (int, float, str) else str
+            group.add_argument("--" + (prefix + f.name).replace("_", "-"), **kwargs)
+
+    @classmethod
+    def from_args(cls: type[C], args: argparse.Namespace, prefix: str = "", base: dict[str, Any] | None = None,
+                  **overrides: Any) -> C:
+        """Start from ``base`` (a dict, or the defaults) and apply every ``--<prefix>`` flag the user gave."""
+        values = dict(base or {})
+        for f in dataclasses.fields(cls):
+            given = getattr(args, prefix.replace("-", "_") + f.name, None)
+            if given is not None:
+                values[f.name] = given
+        values.update(overrides)
+        return cls.from_dict(values)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """Write a file so that readers see the old content or the whole new one, never a half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
