@@ -53,15 +53,17 @@ def main(argv: list[str] | None = None) -> int:
         load_uldnet,
         multiplicative_depth,
     )
+    from veil.training.uldnet.config import DIGITS_PRESETS
     from veil.training.uldnet.trainer import accuracy
 
     args = build_parser().parse_args(argv)
     data = load_digits_preset()
-    train_config = TrainConfig(seed=args.seed, **({"epochs": args.epochs} if args.epochs else {}))
-    runs = [("PolyCNN (ULD-Net)", args.out / "polycnn", ModelConfig(arch="cnn", input_shape=data.input_shape))]
+    preset = DIGITS_PRESETS["cnn"]
+    train_config = TrainConfig(seed=args.seed, **{**preset["train"], **({"epochs": args.epochs} if args.epochs else {})})
+    polycnn = ModelConfig(arch="cnn", input_shape=data.input_shape, **preset["model"])
+    runs = [("PolyCNN (ULD-Net)", args.out / "polycnn", polycnn)]
     if not args.no_baseline:
-        runs.append(("CNN baseline (ReLU/BN/MaxPool)", args.out / "cnn-baseline",
-                     ModelConfig(arch="cnn", baseline=True, input_shape=data.input_shape)))
+        runs.append(("CNN baseline (ReLU/BN/MaxPool)", args.out / "cnn-baseline", polycnn.replace(baseline=True)))
     rows = []
     for label, path, model_config in runs:
         status, seconds = _train_or_reuse(path, model_config, train_config, data, args.retrain, not args.no_progress)

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
+from .config import DIGITS_PRESETS, ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
 from .data import Splits, load_digits_preset, load_image_folder, load_npz
 
 EXAMPLE = """example:
@@ -55,7 +55,13 @@ def load_data(args: argparse.Namespace) -> Splits:
 
 
 def configs_from_args(args: argparse.Namespace, data: Splits) -> tuple[ModelConfig, TrainConfig]:
-    base = json.loads(args.config.read_text()) if args.config else {}
+    """Defaults, then the digits preset of the family (bundled data only) or --config, then the flags."""
+    if args.config:
+        base = json.loads(args.config.read_text())
+    elif args.data is None and args.image_folder is None:
+        base = DIGITS_PRESETS[args.arch or "cnn"]
+    else:
+        base = {}
     model_base = dict(base.get("model", {}))
     norm = PolyNormConfig.from_args(args, prefix="norm-", base=model_base.pop("norm", None))
     act = PolyActConfig.from_args(args, prefix="act-", base=model_base.pop("act", None))

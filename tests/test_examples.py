@@ -1,0 +1,36 @@
+"""Every script in examples/ runs end to end with small settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run(script: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_train_polycnn_digits(tmp_path) -> None:
+    out = run("train_polycnn_digits.py", "--epochs", "2", "--warmup-epochs", "1", "--out", str(tmp_path / "ck"))
+    assert "total depth: 33" in out and "test accuracy:" in out
+    assert (tmp_path / "ck" / "model.safetensors").is_file()
+
+
+def test_train_uldnet_own_data_npz(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 4)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=(x[:, 0] > 0).astype(int))
+    out = run("train_uldnet_own_data.py", "--npz", str(tmp_path / "d.npz"), "--epochs", "3")
+    assert "'depth_total': 7" in out
+
+
+def test_every_example_is_tested() -> None:
+    tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py"}
+    assert {p.name for p in EXAMPLES.glob("*.py")} == tested
