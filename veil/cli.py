@@ -23,7 +23,8 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
                  "veil compress MODEL --recipe recipe.yaml --calibration DATA --out DIR"),
     "export": ("checkpoint -> ONNX in a Triton-layout model repository", {},
                "veil export onnx runs/polycnn --repo models/"),
-    "serve": ("serve a model repository over the Open Inference Protocol v2", {}, "veil serve models/ --port 8000"),
+    "serve": ("serve a model repository over the Open Inference Protocol v2", {"": "veil.engine.cli"},
+              "veil serve --repo models/ --port 8000"),
     "he": ("encrypted inference: keygen, encrypt, infer, decrypt", {}, "veil he keygen --plan models/polycnn"),
     "codec": ("ARPC image codec: encode, decode, eval, bench", {}, "veil codec encode image.png -o image.arpc"),
     "sample": ("PriorGuide posterior sampling", {}, "veil sample --model runs/priorguide --observation x.npy"),
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"veil: unknown group {group!r}; expected one of {[*GROUPS, 'demo']}", file=sys.stderr)
         return 2
     verbs = GROUPS[group][1]
+    if "" in verbs:  # a group that is one command (`veil serve --repo DIR`)
+        return run_verb(f"veil {group}", lambda: importlib.import_module(verbs[""]).main(rest))
     if not rest or rest[0] in ("-h", "--help"):
         print(group_help(group))
         return 0 if rest else 2
