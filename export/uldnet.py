@@ -1,0 +1,76 @@
+"""Export a ULD-Net checkpoint (veil train uldnet) into a model repository, validated and optionally int8."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from veil.training.checkpoint import checkpoint_hash
+from veil.training.uldnet import load_digits_preset, load_npz, load_uldnet, multiplicative_depth
+
+from .onnx_export import export_graph
+from .quantize import quantize_static_int8
+from .repository import TensorSpec, write_model
+from .swap import ExportError
+from .validate import cpu_session, validate_export
+
+EXAMPLE_BATCH = 4
+VALIDATION_CASES = [{"batch": 1}, {"batch": 3}, {"batch": 17}]
+
+
+def _reference_data(config: dict[str, Any], calibration: Path | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(calibration inputs, evaluation inputs, evaluation labels) for quantization."""
+    if calibration is not None:
+        data = load_npz(calibration)
+        return data.x_train, data.x_test, data.y_test
+    if config["data"]["source"] == "preset:digits":
+        data = load_digits_preset()
+        return data.x_val, data.x_test, data.y_test
+    raise ExportError(f"--calibration: the checkpoint was trained on {config['data']['source']!r}, which veil cannot "
+                      "reload; pass an .npz with x (and y) for int8 calibration")
+
+
+def _accuracy(session, x: np.ndarray, y: np.ndarray) -> float:
+    logits = np.concatenate([session.run(["logits"], {"x": x[i:i + 256]})[0] for i in range(0, len(x), 256)])
+    return float((logits.argmax(axis=1) == y).mean())
+
+
+def export_uldnet(checkpoint: str | Path, repo: str | Path, name: str | None = None, version: int = 1,
+                  quantize: str | None = None, calibration: Path | None = None, max_batch_size: int = 64) -> dict[str, Any]:
+    """Export, validate, (quantize) and write a ULD-Net checkpoint; returns the manifest written to veil.json."""
+    model, config = load_uldnet(checkpoint)
+    shape = list(config["model"]["input_shape"])
+    name = name or Path(checkpoint).resolve().name
+    graph = export_graph(model, (torch.randn(EXAMPLE_BATCH, *shape),), ["x"], ["logits"], {"x": {0: "batch"}})
+    generator = torch.Generator().manual_seed(0)
+    validation = validate_export(model, graph.model, lambda batch: {"x": torch.randn(batch, *shape, generator=generator)},
+                                 VALIDATION_CASES, {"x": {0: "batch"}}, ["logits"])
+    depth = multiplicative_depth(model)
+    manifest: dict[str, Any] = {
+        "kind": "uldnet-classifier",
+        "classes": config["data"]["classes"],
+        "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint),
+                   "model": config["model"]},
+        "export": graph.info,
+        "validation": validation,
+        "depth": depth.to_dict(),
+        "precision": "fp32",
+    }
+    served = graph.model
+    if quantize == "int8":
+        calib, x_eval, y_eval = _reference_data(config, calibration)
+        served = quantize_static_int8(graph.model, "x", calib)
+        quant: dict[str, Any] = {"scheme": "static QDQ S8S8, per-channel weights, MinMax calibration",
+                                 "operators": ["Conv", "MatMul", "Gemm"], "calibration_samples": len(calib)}
+        if y_eval is not None:
+            fp32, int8 = _accuracy(cpu_session(graph.model), x_eval, y_eval), _accuracy(cpu_session(served), x_eval, y_eval)
+            quant.update(fp32_accuracy=fp32, int8_accuracy=int8, accuracy_delta=int8 - fp32, evaluated_on=len(y_eval))
+        manifest.update(precision="int8", quantization=quant)
+    elif quantize is not None:
+        raise ExportError(f"--quantize: expected 'int8' or nothing, received {quantize!r}")
+    write_model(repo, name, version, served, [TensorSpec("x", "float32", [-1, *shape])],
+                [TensorSpec("logits", "float32", [-1, len(config["data"]["classes"])])], manifest,
+                max_batch_size=max_batch_size)
+    return manifest
