@@ -1,0 +1,48 @@
+"""`veil serve`: serve every model of a Triton-layout repository over the Open Inference Protocol v2 REST API.
+
+Examples:
+    veil serve --repo models/
+    veil serve --repo models/ --host 127.0.0.1 --port 8000 --max-body-mb 16 --log-level warning
+    VEIL_ADMIN_TOKEN=s3cret veil serve --repo models/      # enables /v2/repository/* behind the token
+
+Clients: `tritonclient.http`, KServe clients and curl work unchanged (JSON and the binary tensor extension);
+see docs/serving.md. Logs go to stderr; request payloads are never logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .server import ServerConfig, serve
+
+EXAMPLE = """example:
+  veil serve --repo models/ --port 8000
+  curl -s localhost:8000/v2/models/digits
+  VEIL_ADMIN_TOKEN=s3cret veil serve --repo models/
+"""
+
+
+def build_parser(prog: str = "veil serve") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    ServerConfig.add_arguments(parser)
+    return parser
+
+
+def config_from_args(argv: list[str] | None) -> ServerConfig:
+    """Flags, with the admin token from VEIL_ADMIN_TOKEN when --admin-token is not given."""
+    args = build_parser().parse_args(argv)
+    if args.admin_token is None and os.environ.get("VEIL_ADMIN_TOKEN"):
+        args.admin_token = os.environ["VEIL_ADMIN_TOKEN"]
+    return ServerConfig.from_args(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    serve(config_from_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The data plane: the model registry (the only way to a model) and protocol-agnostic inference.
+
+HTTP routes (:mod:`veil.engine.http`) decode bodies with :mod:`veil.engine.protocol` and call the methods
+here; nothing in this module knows about HTTP. Implements the Open Inference Protocol v2 semantics
+(https://github.com/kserve/open-inference-protocol, REST spec) and Triton's model-repository extension.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import EngineError, ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
+from .metrics import Metrics
+from .models import OnnxModel
+from .protocol import InferRequest, InferResponse
+from .repository import index, read_model
+from .runtime import RuntimeOptions
+
+logger = logging.getLogger("veil.engine")
+
+
+class DataPlane:
+    """Loads the models of a repository and answers metadata, readiness and inference for them.
+
+    Args:
+        repo: the model repository folder.
+        options: server-wide runtime defaults (config.pbtxt values override them per model).
+        metrics: the app's metrics (Prometheus registry and Triton statistics).
+    """
+
+    def __init__(self, repo: Path, options: RuntimeOptions, metrics: Metrics) -> None:
+        if not repo.is_dir():
+            raise FileNotFoundError(f"--repo: expected a model repository folder, received {str(repo)!r}")
+        self.repo, self.options, self.metrics = repo, options, metrics
+        self.models: dict[str, dict[str, OnnxModel]] = {}  # name -> version -> model
+        self.unavailable: dict[str, str] = {}  # name -> reason (unloaded, load error)
+
+    def load_all(self) -> None:
+        """Load every model in the repository (at startup; a failure stops the server, as Triton does)."""
+        for name in index(self.repo):
+            self.models[name] = self._load_versions(name)
+
+    def _load_versions(self, name: str) -> dict[str, OnnxModel]:
+        folder = self.repo / name
+        if not folder.is_dir():
+            raise ModelNotFound(f"model '{name}' is not in the repository {self.repo}")
+        source = read_model(folder)
+        loaded: dict[str, OnnxModel] = {}
+        for version, path in source.versions.items():
+            # each version gets its own copy of the config: auto-complete fills it from that version's graph
+            config = read_model(folder).config if loaded else source.config
+            model = OnnxModel(config, version, path, source.manifest, self.options)
+            model.load(self.metrics)
+            loaded[model.version] = model
+        return loaded
+
+    # -- registry -------------------------------------------------------------------------------------
+    def get_model(self, name: str, version: str | None = None) -> OnnxModel:
+        """The model (latest loaded version when ``version`` is None).
+
+        Raises:
+            ModelNotFound: no such model or version is loaded.
+        """
+        versions = self.models.get(name)
+        if not versions:
+            raise ModelNotFound(f"model '{name}' is not loaded; loaded models: {sorted(self.models)}")
+        if version is None:
+            return versions[max(versions, key=int)]
+        if version not in versions:
+            raise ModelNotFound(f"model '{name}' has no loaded version '{version}'; loaded versions: "
+                                f"{sorted(versions, key=int)}")
+        return versions[version]
+
+    def versions(self, name: str) -> list[str]:
+        return sorted(self.models.get(name, {}), key=int)
+
+    def ready(self) -> bool:
+        """Server readiness: every loaded model version is ready (loaded, providers verified, warmed up)."""
+        return all(m.ready for versions in self.models.values() for m in versions.values())
+
+    def providers(self) -> dict[str, str]:
+        """``name/version`` -> the execution provider really in use."""
+        return {f"{m.name}/{m.version}": m.session.provider for versions in self.models.values()
+                for m in versions.values() if m.session is not None}
+
+    # -- inference ------------------------------------------------------------------------------------
+    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+        """Validate, schedule (batched or not) and select the requested outputs.
+
+        Raises:
+            ModelNotFound, ModelNotReady, UnknownInput, MissingInput, UnknownOutput, ShapeMismatch,
+            DatatypeMismatch, QueueFull, InferenceFailed.
+        """
+        model = self.get_model(name, version)
+        if not model.ready or model.metrics is None:
+            raise ModelNotReady(f"model '{name}' version {model.version} is not ready")
+        start = time.perf_counter_ns()
+        try:
+            requested = request.outputs if request.outputs is not None else \
+                dict.fromkeys(model.outputs, request.binary_output)
+            unknown = sorted(set(requested) - set(model.outputs))
+            if unknown:
+                raise UnknownOutput(f"model '{name}' has no outputs {unknown}; expected {sorted(model.outputs)}")
+            feeds, batch = model.check_inputs(request.inputs)
+            outputs, queue_ns = await model.infer(feeds, batch)
+        except EngineError:
+            model.metrics.record_request(False, time.perf_counter_ns() - start, 0)
+            raise
+        model.metrics.record_request(True, time.perf_counter_ns() - start, queue_ns)
+        return InferResponse(model_name=name, model_version=model.version,
+                             outputs={n: outputs[n] for n in requested},
+                             datatypes={n: model.outputs[n].datatype for n in requested},
+                             binary=requested, id=request.id)
+
+    # -- model repository extension -------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's repository index: every model folder with its versions' state."""
+        rows: list[dict[str, Any]] = []
+        for name in sorted(set(index(self.repo)) | set(self.models)):
+            versions = self.models.get(name, {})
+            rows += [{"name": name, "version": v, "state": "READY" if m.ready else "UNAVAILABLE"}
+                     for v, m in sorted(versions.items(), key=lambda kv: int(kv[0]))]
+            if not versions and not ready_only:
+                rows.append({"name": name, "state": "UNAVAILABLE", "reason": self.unavailable.get(name, "unloaded")})
+        return [r for r in rows if r["state"] == "READY"] if ready_only else rows
+
+    async def load(self, name: str) -> None:
+        """(Re)load a model from disk; the old versions keep serving until the new ones are ready.
+
+        Raises:
+            ModelNotFound, ModelLoadFailed.
+        """
+        try:
+            new = await asyncio.get_running_loop().run_in_executor(None, self._load_versions, name)
+        except ModelLoadFailed as exc:
+            self.unavailable[name] = str(exc)
+            raise
+        old = self.models.get(name, {})
+        self.models[name] = new
+        self.unavailable.pop(name, None)
+        for model in old.values():
+            await self._retire(model)
+
+    async def unload(self, name: str) -> None:
+        """Unload every version of a model; queued and running requests finish first.
+
+        Raises:
+            ModelNotFound: the model is not loaded.
+        """
+        versions = self.models.pop(name, None)
+        if versions is None:
+            raise ModelNotFound(f"model '{name}' is not loaded; loaded models: {sorted(self.models)}")
+        self.unavailable[name] = "unloaded"
+        for model in versions.values():
+            await self._retire(model)
+
+    async def _retire(self, model: OnnxModel) -> None:
+        await model.unload()
+        if model.session is not None and model.version not in self.models.get(model.name, {}):
+            self.metrics.forget(model.name, model.version, model.session.provider, model.session.requested[0])
+
+    async def drain(self) -> None:
+        """Graceful shutdown: every model finishes its queued and running requests."""
+        await asyncio.gather(*(m.scheduler.drain() for versions in self.models.values() for m in versions.values()
+                               if m.scheduler is not None))

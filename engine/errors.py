@@ -1,0 +1,153 @@
+"""Every way a request can fail, one exception class each, and the one function that maps them to HTTP.
+
+Each class states its HTTP status in its docstring and carries it as ``status_code``. Handlers answer with
+the Open Inference Protocol error body ``{"error": "<message>"}``. Messages name the field, the expected
+and the received value, and never contain tensor payloads. :func:`add_exception_handlers` registers all
+handlers in one place, the catch-all last.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+logger = logging.getLogger("veil.engine")
+
+
+class EngineError(Exception):
+    """Base of every engine error (HTTP 500 unless a subclass says otherwise)."""
+
+    status_code = 500
+
+
+class MalformedRequest(EngineError):
+    """The body is not valid JSON or not a valid OIP inference request (HTTP 400)."""
+
+    status_code = 400
+
+
+class InvalidHeaderLength(EngineError):
+    """``Inference-Header-Content-Length`` is missing while binary data is present, or invalid (HTTP 400)."""
+
+    status_code = 400
+
+
+class BinarySizeMismatch(EngineError):
+    """The binary tensor sizes do not add up to the body, or do not match a tensor's shape (HTTP 400)."""
+
+    status_code = 400
+
+
+class UnknownInput(EngineError):
+    """The request names an input the model does not have (HTTP 400)."""
+
+    status_code = 400
+
+
+class MissingInput(EngineError):
+    """The request lacks an input the model needs (HTTP 400)."""
+
+    status_code = 400
+
+
+class UnknownOutput(EngineError):
+    """The request asks for an output the model does not have (HTTP 400)."""
+
+    status_code = 400
+
+
+class ShapeMismatch(EngineError):
+    """A tensor's shape disagrees with the model or with its own element count (HTTP 400)."""
+
+    status_code = 400
+
+
+class DatatypeMismatch(EngineError):
+    """A tensor's datatype differs from the model's, or cannot travel in the chosen encoding (HTTP 400)."""
+
+    status_code = 400
+
+
+class InferenceFailed(EngineError):
+    """ONNX Runtime refused the inputs (e.g. a dimension the graph cannot reshape) (HTTP 400)."""
+
+    status_code = 400
+
+
+class ModelLoadFailed(EngineError, ValueError):
+    """A model in the repository could not be loaded (bad config.pbtxt, missing or broken model.onnx) (HTTP 400)."""
+
+    status_code = 400
+
+
+class Unauthorized(EngineError):
+    """The repository API was called without the right ``Authorization: Bearer <token>`` (HTTP 401)."""
+
+    status_code = 401
+
+
+class RepositoryApiDisabled(EngineError):
+    """The repository API is off because the server has no admin token (HTTP 403)."""
+
+    status_code = 403
+
+
+class ModelNotFound(EngineError):
+    """No such model, or no such version of it, is loaded (HTTP 404)."""
+
+    status_code = 404
+
+
+class PayloadTooLarge(EngineError):
+    """The request body exceeds the server's ``--max-body-mb`` (HTTP 413)."""
+
+    status_code = 413
+
+
+class QueueFull(EngineError):
+    """The model's dynamic-batching queue is at ``max_queue_size``; retry later (HTTP 503)."""
+
+    status_code = 503
+
+
+class ModelNotReady(EngineError):
+    """The model is loaded but not ready (loading, warming up or shutting down) (HTTP 503)."""
+
+    status_code = 503
+
+
+def error_response(status_code: int, message: str) -> Response:
+    """The OIP error body ``{"error": message}``."""
+    return Response(orjson.dumps({"error": message}), status_code=status_code, media_type="application/json")
+
+
+async def _engine_error(_: Request, exc: EngineError) -> Response:
+    return error_response(exc.status_code, str(exc))
+
+
+async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    return error_response(exc.status_code, str(exc.detail))
+
+
+async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+    where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return error_response(400, f"invalid request: {where}")
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    # the traceback goes to the log, never the body; payloads are never logged
+    logger.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, f"internal error: {type(exc).__name__}")
+
+
+def add_exception_handlers(app: FastAPI) -> None:
+    """Register every handler; the ``Exception`` catch-all comes last."""
+    app.add_exception_handler(EngineError, _engine_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected_error)

@@ -1,0 +1,166 @@
+"""Route functions of the OIP v2 REST API: each maps an HTTP request to the data plane and back, nothing else.
+
+Endpoints (KServe Open Inference Protocol v2 REST, plus Triton's extensions):
+
+    GET  /v2                                   server metadata
+    GET  /v2/health/live | /v2/health/ready    liveness, readiness
+    GET  /v2/models/{m}[/versions/{v}]         model metadata
+    GET  /v2/models/{m}[/versions/{v}]/ready   model readiness
+    POST /v2/models/{m}[/versions/{v}]/infer   inference (JSON, or JSON + binary tensors)
+    GET  /v2/models/{m}[/versions/{v}]/config  Triton model_configuration extension
+    GET  /v2/models[/{m}[/versions/{v}]]/stats Triton statistics extension
+    POST /v2/repository/index                  Triton model_repository extension (admin token)
+    POST /v2/repository/models/{m}/load|unload
+    GET  /metrics                              Prometheus
+
+The app state holds ``dataplane`` (:class:`~veil.engine.dataplane.DataPlane`), ``metrics``,
+``admin_token`` (None: repository API off) and ``max_body_bytes``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import orjson
+from fastapi import Request
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+
+from veil import __version__
+
+from .dataplane import DataPlane
+from .errors import MalformedRequest, PayloadTooLarge, RepositoryApiDisabled, Unauthorized
+from .protocol import decode_request, encode_response, header_length
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+
+
+def _json(content: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
+
+
+def _plane(request: Request) -> DataPlane:
+    return request.app.state.dataplane
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, refused with 413 as soon as it passes ``max_body_bytes`` (declared or streamed)."""
+    limit = request.app.state.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body: expected at most {limit} bytes (--max-body-mb), received {declared}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body: expected at most {limit} bytes (--max-body-mb), received more")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# -- health and metadata ------------------------------------------------------------------------------
+async def server_metadata(request: Request) -> Response:
+    admin = request.app.state.admin_token is not None
+    return _json({"name": "veil", "version": __version__, "extensions": EXTENSIONS + ["model_repository"] * admin})
+
+
+async def live(request: Request) -> Response:
+    return _json({"live": True})
+
+
+async def ready(request: Request) -> Response:
+    plane = _plane(request)
+    ok = plane.ready()
+    return _json({"ready": ok, "execution_providers": plane.providers()}, 200 if ok else 503)
+
+
+async def model_metadata(request: Request, model: str, version: str | None = None) -> Response:
+    plane = _plane(request)
+    return _json(plane.get_model(model, version).metadata(plane.versions(model)))
+
+
+async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
+    m = _plane(request).get_model(model, version)
+    body = {"name": m.name, "version": m.version, "ready": m.ready,
+            "execution_provider": m.session.provider if m.session else None}
+    return _json(body, 200 if m.ready else 503)
+
+
+async def model_config(request: Request, model: str, version: str | None = None) -> Response:
+    m = _plane(request).get_model(model, version)
+    config = m.config.to_triton_json()
+    if m.manifest is not None:
+        config["veil"] = m.manifest
+    return _json(config)
+
+
+async def model_stats(request: Request, model: str | None = None, version: str | None = None) -> Response:
+    plane = _plane(request)
+    if model is None:
+        models = [m for versions in plane.models.values() for m in versions.values()]
+    elif version is None:
+        plane.get_model(model)  # 404 when unknown
+        models = list(plane.models[model].values())
+    else:
+        models = [plane.get_model(model, version)]
+    return _json({"model_stats": [m.metrics.to_triton() for m in models if m.metrics is not None]})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+# -- inference ------------------------------------------------------------------------------------------
+async def infer(request: Request, model: str, version: str | None = None) -> Response:
+    body = await read_body(request)
+    json_length = header_length(request.headers.get("inference-header-content-length"), len(body))
+    result = await _plane(request).infer(model, version, decode_request(body, json_length))
+    content, binary_length = encode_response(result)
+    if binary_length is None:
+        return Response(content, media_type="application/json")
+    return Response(content, media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(binary_length)})
+
+
+# -- model repository extension (admin) -----------------------------------------------------------------
+def _check_admin(request: Request) -> None:
+    token = request.app.state.admin_token
+    if token is None:
+        raise RepositoryApiDisabled("the repository API is off: start the server with --admin-token or VEIL_ADMIN_TOKEN")
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise Unauthorized("repository API: expected the header 'Authorization: Bearer <admin token>'")
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    body = await read_body(request)
+    if not body.strip():
+        return {}
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"request body: expected a JSON object, received invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise MalformedRequest(f"request body: expected a JSON object, received {type(data).__name__}")
+    return data
+
+
+async def repository_index(request: Request) -> Response:
+    _check_admin(request)
+    body = await _json_body(request)
+    return _json(_plane(request).repository_index(ready_only=bool(body.get("ready", False))))
+
+
+async def repository_load(request: Request, model: str) -> Response:
+    _check_admin(request)
+    await _json_body(request)
+    await _plane(request).load(model)
+    return _json({})
+
+
+async def repository_unload(request: Request, model: str) -> Response:
+    _check_admin(request)
+    await _json_body(request)
+    await _plane(request).unload(model)
+    return _json({})

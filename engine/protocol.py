@@ -1,0 +1,257 @@
+"""Open Inference Protocol v2 tensors on the wire: datatype tables, JSON and binary decode/encode.
+
+Implements the REST inference request/response of the KServe Open Inference Protocol v2 and Triton's
+binary tensor data extension: the body is the JSON header followed by raw little-endian, row-major tensors in
+the order the JSON lists them; ``Inference-Header-Content-Length`` gives the JSON length. BOOL is one byte,
+BYTES elements are a 4-byte little-endian length then the bytes, FP16 travels in binary only. Binary inputs
+are read with ``np.frombuffer`` (no copy). Nothing here knows about models: see :mod:`veil.engine.models`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from .errors import BinarySizeMismatch, DatatypeMismatch, InvalidHeaderLength, MalformedRequest, ShapeMismatch
+
+# OIP datatype -> numpy dtype (little-endian); BYTES are object arrays of `bytes`
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"), "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+}
+# ONNX Runtime type string -> OIP datatype
+ONNX_DATATYPES: dict[str, str] = {
+    "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16", "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64", "tensor(int8)": "INT8", "tensor(int16)": "INT16", "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64", "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+# JSON element kinds numpy infers that each datatype accepts (b: bool, i/u: int, f: float, U: str)
+_JSON_KINDS = {"BOOL": "b", "FP32": "biuf", "FP64": "biuf", "BYTES": "U"} | {
+    name: "biu" for name in ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")}
+_LENGTH = struct.Struct("<I")
+
+
+def triton_to_datatype(triton_type: str) -> str:
+    """``TYPE_FP32`` -> ``FP32`` (``TYPE_STRING`` -> ``BYTES``), as Triton's config.pbtxt spells types."""
+    name = triton_type.removeprefix("TYPE_")
+    name = "BYTES" if name == "STRING" else name
+    if name not in DATATYPES:
+        raise ValueError(f"data_type: expected one of {['TYPE_' + t for t in DATATYPES]}, received {triton_type!r}")
+    return name
+
+
+def datatype_to_triton(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+@dataclass
+class InputTensor:
+    """One decoded request input: ``data`` already has ``shape`` and the numpy dtype of ``datatype``."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: np.ndarray
+
+
+@dataclass
+class InferRequest:
+    """A decoded inference request; ``outputs`` maps requested names to "binary?" (None: all outputs)."""
+
+    inputs: list[InputTensor]
+    outputs: dict[str, bool] | None = None
+    id: str | None = None
+    binary_output: bool = False
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class InferResponse:
+    """Outputs to encode: name -> array, and which of them go in binary."""
+
+    model_name: str
+    model_version: str
+    outputs: dict[str, np.ndarray]
+    datatypes: dict[str, str]
+    binary: dict[str, bool]
+    id: str | None = None
+
+
+# -- decode ---------------------------------------------------------------------------------------------
+def header_length(value: str | None, body_size: int) -> int | None:
+    """Parse ``Inference-Header-Content-Length`` (None when absent)."""
+    if value is None:
+        return None
+    if not value.strip().isdigit() or not 0 < int(value) <= body_size:
+        raise InvalidHeaderLength(
+            f"Inference-Header-Content-Length: expected an integer in [1, {body_size}] (the body size), received {value!r}")
+    return int(value)
+
+
+def decode_request(body: bytes, json_length: int | None) -> InferRequest:
+    """Decode a JSON-only or JSON+binary inference request body.
+
+    Args:
+        body: the whole HTTP body.
+        json_length: the ``Inference-Header-Content-Length`` value, None when the body is JSON only.
+
+    Raises:
+        MalformedRequest, InvalidHeaderLength, BinarySizeMismatch, ShapeMismatch, DatatypeMismatch.
+    """
+    end = len(body) if json_length is None else json_length
+    try:
+        head = orjson.loads(body[:end])
+    except orjson.JSONDecodeError as exc:
+        hint = "" if json_length is not None else " (binary data needs the Inference-Header-Content-Length header)"
+        raise MalformedRequest(f"request body: expected a JSON object, received invalid JSON: {exc}{hint}") from None
+    if not isinstance(head, dict) or not isinstance(head.get("inputs"), list) or not head["inputs"]:
+        raise MalformedRequest("request body: expected a JSON object with a non-empty 'inputs' list")
+    inputs, offset = [], end
+    for i, spec in enumerate(head["inputs"]):
+        tensor, offset = _decode_input(spec, i, body, offset, json_length)
+        inputs.append(tensor)
+    if offset != len(body):
+        raise BinarySizeMismatch(f"binary data: the inputs' binary_data_size values add up to {offset - end} bytes, "
+                                 f"received {len(body) - end} bytes after the JSON header")
+    params = _object(head.get("parameters", {}), "parameters")
+    outputs = None
+    if head.get("outputs") is not None:
+        if not isinstance(head["outputs"], list):
+            raise MalformedRequest(f"outputs: expected a list, received {type(head['outputs']).__name__}")
+        outputs = {}
+        for j, out in enumerate(head["outputs"]):
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise MalformedRequest(f"outputs[{j}]: expected an object with a string 'name'")
+            binary = _object(out.get("parameters", {}), f"outputs[{j}].parameters").get("binary_data")
+            outputs[out["name"]] = bool(params.get("binary_data_output", False) if binary is None else binary)
+    request_id = head.get("id")
+    return InferRequest(inputs=inputs, outputs=outputs, id=None if request_id is None else str(request_id),
+                        binary_output=bool(params.get("binary_data_output", False)), parameters=params)
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MalformedRequest(f"{where}: expected a JSON object, received {type(value).__name__}")
+    return value
+
+
+def _decode_input(spec: Any, i: int, body: bytes, offset: int, json_length: int | None) -> tuple[InputTensor, int]:
+    """One input from its JSON spec (and the binary section at ``offset``); returns it and the new offset."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise MalformedRequest(f"inputs[{i}]: expected an object with a string 'name'")
+    name, datatype, shape = spec["name"], spec.get("datatype"), spec.get("shape")
+    if datatype not in DATATYPES:
+        raise DatatypeMismatch(f"input '{name}': datatype expected one of {list(DATATYPES)}, received {datatype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ShapeMismatch(f"input '{name}': shape expected a list of non-negative integers, received {shape!r}")
+    count = math.prod(shape)
+    size = _object(spec.get("parameters", {}), f"input '{name}' parameters").get("binary_data_size")
+    if size is not None:
+        if json_length is None:
+            raise InvalidHeaderLength(f"input '{name}' has binary_data_size but the request has no "
+                                      "Inference-Header-Content-Length header")
+        if not isinstance(size, int) or size < 0 or offset + size > len(body):
+            raise BinarySizeMismatch(f"input '{name}': binary_data_size {size!r} exceeds the {len(body) - offset} "
+                                     "bytes left in the body")
+        data = _from_binary(name, datatype, count, body, offset, size)
+        return InputTensor(name, datatype, shape, data.reshape(shape)), offset + size
+    if "data" not in spec:
+        raise MalformedRequest(f"input '{name}': expected 'data' or parameters.binary_data_size")
+    return InputTensor(name, datatype, shape, _from_json(name, datatype, shape, count, spec["data"])), offset
+
+
+def _from_binary(name: str, datatype: str, count: int, body: bytes, offset: int, size: int) -> np.ndarray:
+    if datatype == "BYTES":
+        return decode_bytes(name, body[offset:offset + size], count)
+    dtype = DATATYPES[datatype]
+    if size != count * dtype.itemsize:
+        raise BinarySizeMismatch(f"input '{name}': binary_data_size expected {count * dtype.itemsize} "
+                                 f"({count} x {datatype}), received {size}")
+    data = np.frombuffer(body, dtype=dtype, count=count, offset=offset)  # zero copy, read-only
+    return data if data.flags.aligned else data.copy()
+
+
+def decode_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
+    """Length-prefixed BYTES elements -> object array of ``bytes``."""
+    items, pos = [], 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise BinarySizeMismatch(f"input '{name}': truncated BYTES length prefix at byte {pos}")
+        (n,) = _LENGTH.unpack_from(raw, pos)
+        if pos + 4 + n > len(raw):
+            raise BinarySizeMismatch(f"input '{name}': BYTES element {len(items)} declares {n} bytes, "
+                                     f"{len(raw) - pos - 4} left")
+        items.append(raw[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    if len(items) != count:
+        raise ShapeMismatch(f"input '{name}': shape expects {count} BYTES elements, received {len(items)}")
+    out = np.empty(count, dtype=object)
+    out[:] = items
+    return out
+
+
+def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any) -> np.ndarray:
+    if datatype == "FP16":
+        raise DatatypeMismatch(f"input '{name}': FP16 cannot travel as JSON; send it with the binary tensor "
+                               "extension (parameters.binary_data_size)")
+    try:
+        array = np.asarray(data)
+    except ValueError:
+        raise ShapeMismatch(f"input '{name}': data is a ragged nested list; expected shape {shape}") from None
+    if array.size != count:
+        raise ShapeMismatch(f"input '{name}': shape {shape} needs {count} elements, data has {array.size}")
+    if array.size and array.dtype.kind not in _JSON_KINDS[datatype]:
+        raise DatatypeMismatch(f"input '{name}': datatype {datatype} expects JSON "
+                               f"{'strings' if datatype == 'BYTES' else 'numbers' if datatype != 'BOOL' else 'booleans'}"
+                               f", received elements of numpy kind {array.dtype.kind!r}")
+    if datatype == "BYTES":
+        out = np.empty(count, dtype=object)
+        out[:] = [s.encode() for s in array.ravel().tolist()]
+        return out.reshape(shape)
+    return array.astype(DATATYPES[datatype], copy=False).reshape(shape)
+
+
+# -- encode ---------------------------------------------------------------------------------------------
+def encode_bytes(array: np.ndarray) -> bytes:
+    """Object/str/bytes array -> length-prefixed BYTES elements."""
+    parts = []
+    for item in array.ravel().tolist():
+        raw = item.encode() if isinstance(item, str) else bytes(item)
+        parts += [_LENGTH.pack(len(raw)), raw]
+    return b"".join(parts)
+
+
+def encode_response(response: InferResponse) -> tuple[bytes, int | None]:
+    """Encode a response; returns the body and the JSON header length (None when the body is JSON only)."""
+    outputs, blobs = [], []
+    for name, array in response.outputs.items():
+        datatype = response.datatypes[name]
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if response.binary[name]:
+            raw = encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        elif datatype == "FP16":
+            raise DatatypeMismatch(f"output '{name}': FP16 cannot travel as JSON; request it with "
+                                   "parameters.binary_data: true")
+        elif datatype == "BYTES":
+            entry["data"] = [b if isinstance(b, str) else bytes(b).decode("utf-8", "replace") for b in array.ravel().tolist()]
+        else:
+            entry["data"] = np.ascontiguousarray(array).ravel()
+        outputs.append(entry)
+    head: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id is not None:
+        head["id"] = response.id
+    head["outputs"] = outputs
+    text = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return text, None
+    return b"".join([text, *blobs]), len(text)

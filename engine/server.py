@@ -1,0 +1,134 @@
+"""Wiring: the FastAPI app (routes, exception handlers, lifespan) and the uvicorn server around it.
+
+Example:
+    >>> from veil.engine.server import ServerConfig, create_app
+    >>> app = create_app(ServerConfig(repo="models/"))   # loads every model, warms them up
+    >>> serve(ServerConfig(repo="models/", port=8000))   # blocks; Ctrl-C finishes in-flight requests first
+
+Graceful shutdown: on SIGINT/SIGTERM uvicorn stops accepting connections and waits (up to
+``graceful_timeout_s``) for in-flight requests; the lifespan's shutdown then drains every model's batcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import uvicorn
+from fastapi import FastAPI
+
+from veil import __version__
+from veil.config import Config, ConfigError, field
+
+from . import http
+from .dataplane import DataPlane
+from .errors import add_exception_handlers
+from .metrics import Metrics
+from .runtime import CPU, RuntimeOptions, providers_for
+
+
+@dataclass
+class ServerConfig(Config):
+    """Serve a model repository over the Open Inference Protocol v2.
+
+    Args:
+        repo (str): the model repository folder (Triton layout).
+        host (str): address to bind; keep 127.0.0.1 unless a proxy or firewall fronts the server.
+        port (int): TCP port.
+        admin_token (str | None): enables the repository API (load/unload/index) behind this bearer token.
+        max_body_mb (float): largest request body accepted (413 beyond it).
+        log_level (str): uvicorn and veil log level.
+        device (str): default execution provider for models whose instance_group kind is KIND_AUTO.
+        intra_op_threads (int): ORT intra-op threads per session; 0 = physical cores.
+        graph_optimization (str): ORT graph optimization level when config.pbtxt sets none.
+        graceful_timeout_s (float): how long shutdown waits for in-flight requests.
+    """
+
+    repo: str = field("", "model repository folder (Triton layout: <model>/config.pbtxt, <model>/<version>/model.onnx)")
+    host: str = field("127.0.0.1", "address to bind (keep 127.0.0.1 unless a proxy fronts the server)")
+    port: int = field(8000, "TCP port")
+    admin_token: str | None = field(None, "enable the repository API behind 'Authorization: Bearer TOKEN' "
+                                          "(or set VEIL_ADMIN_TOKEN); off when unset")
+    max_body_mb: float = field(64.0, "largest request body in MiB; larger bodies get 413")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = field("info", "log level")
+    device: Literal["auto", "cpu", "cuda"] = field(
+        "auto", "execution provider for models whose instance_group kind is KIND_AUTO (auto: CUDA when available)")
+    intra_op_threads: int = field(0, "ONNX Runtime intra-op threads per session (0: physical cores; "
+                                     "config.pbtxt intra_op_thread_count overrides)")
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = field(
+        "all", "ONNX Runtime graph optimization level (config.pbtxt optimization.graph.level overrides)")
+    graceful_timeout_s: float = field(30.0, "seconds shutdown waits for in-flight requests")
+
+    def validate(self) -> None:
+        if not self.repo:
+            raise ConfigError("ServerConfig.repo: expected a model repository folder (--repo DIR), received ''")
+        if self.max_body_mb <= 0:
+            raise ConfigError(f"ServerConfig.max_body_mb: expected > 0, received {self.max_body_mb}")
+        if self.admin_token == "":
+            raise ConfigError("ServerConfig.admin_token: expected a non-empty token or none, received ''")
+
+    def runtime_options(self) -> RuntimeOptions:
+        providers = {"auto": providers_for("KIND_AUTO"), "cpu": [CPU], "cuda": providers_for("KIND_GPU")}[self.device]
+        return RuntimeOptions(providers=providers, intra_op_threads=self.intra_op_threads,
+                              graph_level=self.graph_optimization)
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    """Load every model of ``config.repo`` (warm-up included) and return the app serving them.
+
+    Raises:
+        FileNotFoundError: the repository folder does not exist.
+        ModelLoadFailed: a model cannot be loaded (the message names it and the problem).
+    """
+    logging.getLogger("veil.engine").setLevel(config.log_level.upper())
+    metrics = Metrics()
+    plane = DataPlane(Path(config.repo), config.runtime_options(), metrics)
+    plane.load_all()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await plane.drain()  # uvicorn already waited for in-flight requests; nothing is left queued
+
+    app = FastAPI(title="veil", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.dataplane, app.state.metrics = plane, metrics
+    app.state.admin_token = config.admin_token
+    app.state.max_body_bytes = int(config.max_body_mb * 2**20)
+    add_routes(app)
+    add_exception_handlers(app)
+    return app
+
+
+def add_routes(app: FastAPI) -> None:
+    """Every OIP v2 / Triton route; each model route also exists under ``/versions/{version}``."""
+    app.add_api_route("/v2", http.server_metadata, methods=["GET"])
+    app.add_api_route("/v2/health/live", http.live, methods=["GET"])
+    app.add_api_route("/v2/health/ready", http.ready, methods=["GET"])
+    app.add_api_route("/v2/models/stats", http.model_stats, methods=["GET"])
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        app.add_api_route(base, http.model_metadata, methods=["GET"])
+        app.add_api_route(base + "/ready", http.model_ready, methods=["GET"])
+        app.add_api_route(base + "/infer", http.infer, methods=["POST"])
+        app.add_api_route(base + "/config", http.model_config, methods=["GET"])
+        app.add_api_route(base + "/stats", http.model_stats, methods=["GET"])
+    app.add_api_route("/v2/repository/index", http.repository_index, methods=["POST"])
+    app.add_api_route("/v2/repository/models/{model}/load", http.repository_load, methods=["POST"])
+    app.add_api_route("/v2/repository/models/{model}/unload", http.repository_unload, methods=["POST"])
+    app.add_api_route("/metrics", http.metrics, methods=["GET"])
+
+
+def build_server(config: ServerConfig) -> uvicorn.Server:
+    """A uvicorn server for the app (not started); ``server.run()`` blocks, ``should_exit`` stops it gracefully."""
+    return uvicorn.Server(uvicorn.Config(create_app(config), host=config.host, port=config.port,
+                                         log_level=config.log_level,
+                                         timeout_graceful_shutdown=int(config.graceful_timeout_s)))
+
+
+def serve(config: ServerConfig) -> None:
+    """Serve until SIGINT/SIGTERM; in-flight requests finish first."""
+    build_server(config).run()

@@ -1,0 +1,108 @@
+"""Fixtures: a tmp model repository of tiny ONNX models and an in-process app/client over it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from veil.engine.protocol import DATATYPES, decode_bytes, encode_bytes
+from veil.engine.server import ServerConfig, build_server, create_app
+from veil.engine.toy import affine_model, dtypes_model, write_repository
+
+TOKEN = "test-admin-token"
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """affine (no batching, versions 1 and 2, latest policy), batched (dynamic batching), dtypes (4 types)."""
+    root = tmp_path_factory.mktemp("repo")
+    write_repository(root, {"affine": affine_model()}, max_batch_size=8, versions=(1, 2))
+    write_repository(root, {"batched": affine_model()}, max_batch_size=16,
+                     batching={"batched": "max_queue_delay_microseconds: 20000 default_queue_policy { max_queue_size: 64 }"})
+    write_repository(root, {"dtypes": dtypes_model()})
+    (root / "affine" / "veil.json").write_text('{"kind": "onnx", "source": "toy"}')
+    return root
+
+
+def make_config(repo: Path, **kwargs) -> ServerConfig:
+    return ServerConfig(repo=str(repo), log_level="warning", intra_op_threads=1, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def client(repo: Path):
+    with TestClient(create_app(make_config(repo, admin_token=TOKEN, max_body_mb=1.0))) as c:
+        yield c
+
+
+@contextlib.contextmanager
+def live_server(config: ServerConfig) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Run a real uvicorn server on 127.0.0.1 (a free port) in a thread; yields ("127.0.0.1:port", server)."""
+    server = build_server(config.replace(host="127.0.0.1", port=0))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the live server did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def binary_body(inputs: list[tuple[str, str, np.ndarray]], outputs: list[tuple[str, bool]] | None = None,
+                **params) -> tuple[bytes, dict[str, str]]:
+    """A JSON + binary inference body (Triton's binary tensor extension) and its headers."""
+    blobs, specs = [], []
+    for name, datatype, array in inputs:
+        raw = encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()
+        blobs.append(raw)
+        specs.append({"name": name, "datatype": datatype, "shape": list(array.shape),
+                      "parameters": {"binary_data_size": len(raw)}})
+    head: dict = {"id": "b1", "inputs": specs}
+    if outputs is not None:
+        head["outputs"] = [{"name": n, "parameters": {"binary_data": b}} for n, b in outputs]
+    if params:
+        head["parameters"] = params
+    text = json.dumps(head).encode()
+    return text + b"".join(blobs), {"Inference-Header-Content-Length": str(len(text)),
+                                    "Content-Type": "application/octet-stream"}
+
+
+def decode_binary_response(response) -> dict[str, np.ndarray]:
+    """name -> array from a (possibly binary) inference response."""
+    length = response.headers.get("inference-header-content-length")
+    body = response.content
+    head = json.loads(body[:int(length)] if length else body)
+    out, offset = {}, int(length or 0)
+    for o in head["outputs"]:
+        size = o.get("parameters", {}).get("binary_data_size")
+        if size is None:
+            data = o["data"]
+            out[o["name"]] = np.array(data, dtype=object if o["datatype"] == "BYTES" else DATATYPES[o["datatype"]])
+        elif o["datatype"] == "BYTES":
+            out[o["name"]] = decode_bytes(o["name"], body[offset:offset + size], int(np.prod(o["shape"])))
+        else:
+            out[o["name"]] = np.frombuffer(body[offset:offset + size], DATATYPES[o["datatype"]])
+        out[o["name"]] = out[o["name"]].reshape(o["shape"])
+        offset += size or 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def oip():
+    """The helpers above as one fixture (tests run in importlib mode and cannot import conftest)."""
+    return types.SimpleNamespace(binary_body=binary_body, decode=decode_binary_response, live_server=live_server,
+                                 make_config=make_config, token=TOKEN)
