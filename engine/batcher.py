@@ -69,6 +69,11 @@ class Scheduler:
         # asyncio primitives bind to the loop that first waits on them; a new server loop gets new ones
         self._arrived, self._free = asyncio.Event(), asyncio.Semaphore(self.instances)
 
+    @property
+    def active(self) -> int:
+        """Requests queued or running now."""
+        return self._active
+
     async def submit(self, feeds: Feeds, batch: int) -> tuple[dict[str, np.ndarray], int]:
         """Schedule one request; returns its outputs (name -> array) and the ns it spent queued.
 
