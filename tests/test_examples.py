@@ -31,6 +31,11 @@ def test_train_uldnet_own_data_npz(tmp_path) -> None:
     assert "'depth_total': 7" in out
 
 
+def test_serve_and_query() -> None:
+    out = run("serve_and_query.py")
+    assert out.startswith("affine -> y [1, 3]:")
+
+
 def test_every_example_is_tested() -> None:
-    tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py"}
+    tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py", "serve_and_query.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
