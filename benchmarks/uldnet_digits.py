@@ -31,8 +31,11 @@ from veil.training.uldnet import (
 )
 from veil.training.uldnet.config import DIGITS_PRESETS
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_section
+
 ROOT = Path(__file__).resolve().parents[1]
-SECTION_BEGIN, SECTION_END = "<!-- uldnet_digits:begin -->", "<!-- uldnet_digits:end -->"
+SECTION = "uldnet_digits"
 
 
 def run(seeds: list[int], epochs: int | None) -> dict:
@@ -84,7 +87,6 @@ def summarize(results: dict) -> list[dict]:
 def markdown(results: dict, rows: list[dict], command: str) -> str:
     env = results["environment"]
     lines = [
-        SECTION_BEGIN,
         "## ULD-Net on digits (issue: foundation and ULD-Net)",
         "",
         f"Command: `{command}` — {env['date']}, {env['machine']}, torch {env['torch']}.",
@@ -102,7 +104,7 @@ def markdown(results: dict, rows: list[dict], command: str) -> str:
     if "cli_preset_wall_seconds" in env:
         lines += ["", f"`veil train uldnet --preset digits --arch cnn`, process start to checkpoint: "
                       f"**{env['cli_preset_wall_seconds']} s** (target <= 120 s on 2 cores)."]
-    lines += ["", "![validation accuracy per epoch](img/uldnet_digits_val.png)", "", SECTION_END]
+    lines += ["", "![validation accuracy per epoch](img/uldnet_digits_val.png)"]
     return "\n".join(lines)
 
 
@@ -131,16 +133,6 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_section(results_md: Path, section: str) -> None:
-    text = results_md.read_text() if results_md.exists() else "# veil — measured results\n\n"
-    if SECTION_BEGIN in text:
-        head, rest = text.split(SECTION_BEGIN, 1)
-        text = head + section + rest.split(SECTION_END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    results_md.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 2)[2],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -161,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results").mkdir(parents=True, exist_ok=True)
     (args.out / "results" / "uldnet_digits.json").write_text(json.dumps({**results, "summary": rows}, indent=1))
     plot(results, args.out / "img" / "uldnet_digits_val.png")
-    write_section(args.out / "results.md", markdown(results, rows, command))
+    write_section(args.out / "results.md", SECTION, markdown(results, rows, command))
     print(json.dumps(rows, indent=1))
     return 0
 

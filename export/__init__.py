@@ -1,3 +1,18 @@
-"""veil.export: trained checkpoint -> deployable artifact (ONNX in a Triton-layout model repository).
+"""veil.export: trained model -> validated ONNX in a Triton / KServe model repository.
 
-Filled by the export-and-serve issue; nothing is exported yet."""
+    export_uldnet(checkpoint, repo, name)            ULD-Net checkpoint (veil layers as `veil` ONNX functions)
+    export_sentence_encoder("bundled:all-MiniLM-L6-v2", repo)   transformers encoder + mean pooling
+    export_graph / validate_export / write_model     the pieces, for other model kinds
+
+Every export is validated against PyTorch at shapes other than the example and fails loudly.
+"""
+
+from .encoder import export_sentence_encoder
+from .onnx_export import ExportedGraph, export_graph
+from .repository import TensorSpec, write_model
+from .swap import ExportError
+from .uldnet import export_uldnet
+from .validate import ExportValidationError, validate_export
+
+__all__ = ["ExportError", "ExportValidationError", "ExportedGraph", "TensorSpec", "export_graph",
+           "export_sentence_encoder", "export_uldnet", "validate_export", "write_model"]

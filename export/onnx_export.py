@@ -7,6 +7,7 @@ that nothing is specialised to 1 (torch.export treats sizes 0 and 1 as constants
 from __future__ import annotations
 
 import importlib.metadata as md
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,13 +58,16 @@ def export_graph(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], inp
                                   f"specialised to a constant, received {tensor.shape[axis]}")
     swapped = swap_for_export(model)
     dynamic_shapes = tuple(dynamic_dims.get(name, {}) for name in input_names)
-    try:
-        program = torch.onnx.export(swapped, example_inputs, dynamo=True, dynamic_shapes=dynamic_shapes,
-                                    input_names=input_names, output_names=output_names, opset_version=DEFAULT_OPSET,
-                                    custom_translation_table=TRANSLATIONS, optimize=True, verbose=False)
-    except Exception as exc:  # the exporter's own errors are long; keep the first lines and re-raise typed
-        summary = "\n".join(str(exc).splitlines()[:6])
-        raise ExportError(f"torch.onnx.export(dynamo=True) failed for {type(model).__name__}: {summary}") from exc
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)  # exporter internals
+        warnings.filterwarnings("ignore", message="# The axis name", category=UserWarning)
+        try:
+            program = torch.onnx.export(swapped, example_inputs, dynamo=True, dynamic_shapes=dynamic_shapes,
+                                        input_names=input_names, output_names=output_names, opset_version=DEFAULT_OPSET,
+                                        custom_translation_table=TRANSLATIONS, optimize=True, verbose=False)
+        except Exception as exc:  # the exporter's own errors are long; keep the first lines and re-raise typed
+            summary = "\n".join(str(exc).splitlines()[:6])
+            raise ExportError(f"torch.onnx.export(dynamo=True) failed for {type(model).__name__}: {summary}") from exc
     proto = attach_functions(program.model_proto)
     proto.producer_name = "veil"
     onnx.checker.check_model(proto, full_check=True)

@@ -49,6 +49,7 @@ def export_uldnet(checkpoint: str | Path, repo: str | Path, name: str | None = N
                                  VALIDATION_CASES, {"x": {0: "batch"}}, ["logits"])
     depth = multiplicative_depth(model)
     manifest: dict[str, Any] = {
+        "name": name, "version": version,
         "kind": "uldnet-classifier",
         "classes": config["data"]["classes"],
         "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint),

