@@ -1,3 +1,15 @@
 """veil.engine: serves artifacts (ONNX Runtime sessions, OIP v2 HTTP, HE, codec and sampler services).
 
-Filled by the export-and-serve issue; never imports veil.training."""
+Filled by the export-and-serve issue; never imports veil.training.
+
+Plaintext serving (`veil serve --repo DIR`, docs/serving.md), one module per job:
+    runtime     ONNX Runtime session factory: providers verified, threads, warm-up, IO binding
+    models      one served model version: load, ready, check inputs, infer
+    batcher     Triton-style dynamic batching (one asyncio loop per model)
+    dataplane   the model registry and protocol-agnostic inference
+    protocol    OIP v2 tensors on the wire: JSON and Triton's binary extension
+    http        route functions; server: wiring and uvicorn; cli: the `veil serve` verb
+    repository  Triton model repository and config.pbtxt (pbtxt: the text-format parser)
+    metrics     Prometheus /metrics and Triton /stats; errors: exception classes and HTTP handlers
+    toy         tiny ONNX models and repositories for tests, examples and benchmarks
+"""
