@@ -8,6 +8,7 @@ here; nothing in this module knows about HTTP. Implements the Open Inference Pro
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from pathlib import Path
@@ -52,7 +53,7 @@ class DataPlane:
         loaded: dict[str, OnnxModel] = {}
         for version, path in source.versions.items():
             # each version gets its own copy of the config: auto-complete fills it from that version's graph
-            config = read_model(folder).config if loaded else source.config
+            config = copy.deepcopy(source.config)
             model = OnnxModel(config, version, path, source.manifest, self.options)
             model.load(self.metrics)
             loaded[model.version] = model

@@ -105,3 +105,16 @@ def test_veil_serve_reports_a_missing_repo(capsys, tmp_path) -> None:
 
     assert main(["serve", "--repo", str(tmp_path / "missing")]) == 2
     assert "expected a model repository folder" in capsys.readouterr().err
+
+
+def test_version_policy_all_serves_each_version(tmp_path, oip) -> None:
+    write_repository(tmp_path, {"m": affine_model()}, max_batch_size=4, versions=(1, 2))
+    config = tmp_path / "m" / "config.pbtxt"
+    config.write_text(config.read_text() + "version_policy: { all { } }\n")
+    with TestClient(create_app(oip.make_config(tmp_path))) as client:
+        assert client.get("/v2/models/m").json()["versions"] == ["1", "2"]
+        body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+        for version in ("1", "2"):
+            assert client.post(f"/v2/models/m/versions/{version}/infer", json=body).json()["model_version"] == version
+        assert client.post("/v2/models/m/infer", json=body).json()["model_version"] == "2"
+        assert len(client.get("/v2/models/m/stats").json()["model_stats"]) == 2
