@@ -7,6 +7,7 @@ that nothing is specialised to 1 (torch.export treats sizes 0 and 1 as constants
 from __future__ import annotations
 
 import importlib.metadata as md
+import logging
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,7 @@ def export_graph(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], inp
             if tensor.shape[axis] < 2:
                 raise ExportError(f"example input {name!r}: dynamic axis {axis} ({dim}) needs size >= 2 so it is not "
                                   f"specialised to a constant, received {tensor.shape[axis]}")
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)  # torchvision notices
     swapped = swap_for_export(model)
     dynamic_shapes = tuple(dynamic_dims.get(name, {}) for name in input_names)
     with warnings.catch_warnings():

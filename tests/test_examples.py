@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -36,6 +37,19 @@ def test_serve_and_query() -> None:
     assert out.startswith("affine -> y [1, 3]:")
 
 
+def test_export_polycnn(tmp_path) -> None:
+    out = run("export_polycnn.py", "--epochs", "3", "--repo", str(tmp_path / "models"))
+    assert '"functions": ["PolyAct", "PolyNorm"]' in out and "ONNX Runtime test accuracy" in out
+    assert (tmp_path / "models" / "digits" / "config.pbtxt").is_file()
+
+
+@pytest.mark.slow
+def test_export_minilm(tmp_path) -> None:
+    out = run("export_minilm.py", "--repo", str(tmp_path / "models"))
+    assert "LayerNormalization" in out and "cosine similarities" in out
+
+
 def test_every_example_is_tested() -> None:
-    tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py", "serve_and_query.py"}
+    tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py", "serve_and_query.py", "export_polycnn.py",
+              "export_minilm.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
