@@ -11,7 +11,7 @@ FP32 [-1, 1, 8, 8] -> Conv -> x² -> MatMul -> x² -> MatMul -> [-1, 10]), stand
 The server runs in a subprocess (``python -m veil.cli serve``); clients run here. Writes
 docs/results/serve_http.json and the serve_http section of docs/results.md.
 
-    python benchmarks/serve_http.py              # the full run (about a minute on 2 cores)
+    python benchmarks/serve_http.py              # the full run (about 10 s on 2 cores)
     python benchmarks/serve_http.py --quick --out /tmp/docs   # a smoke run
 """
 
@@ -44,7 +44,7 @@ SECTION_BEGIN, SECTION_END = "<!-- serve_http:begin -->", "<!-- serve_http:end -
 def bench_runtime(model_path: Path, reps: int, block: int) -> dict:
     """Median per-call time of veil's Session.run and bare InferenceSession.run, interleaved."""
     x = {"x": np.random.default_rng(0).normal(size=(1, 1, 8, 8)).astype(np.float32)}
-    threads = physical_cores()
+    threads = 1  # no intra-op pool: an idle pool's spin-wait would steal the cores from the other session
     veil = Session(model_path, RuntimeOptions(providers=[CPU], intra_op_threads=threads))
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -180,9 +180,12 @@ on the same cores.
 | HTTP overhead p50 (round trip − session run, `digits`) | {http['overhead_p50_ms']} ms | session run {http['session_run_ms']} ms | p99 {http['overhead_p99_ms']} ms | p50 <= 2 ms |
 {rows}
 
-Runtime: {rt['reps']} interleaved blocks of {rt['block']} calls each. HTTP: {http['requests']} sequential requests
+Runtime: {rt['reps']} interleaved blocks of {rt['block']} calls each, one intra-op thread per session (two
+interleaved sessions with thread pools on 2 cores measure ORT's spin-waiting, not veil) (veil's `run` is the bare call plus one
+Python indirection with the output names precomputed, which is why it can come out slightly ahead of
+`run(None, feeds)`; a few percent either way is run-to-run noise). HTTP: {http['requests']} sequential requests
 (p50 {http['latency_p50_ms']} ms, p99 {http['latency_p99_ms']} ms round trip). Batching: {results['batching'][0]['requests']}
-requests per mode. When a run costs far less than the HTTP handling (`digits`: ~10 µs vs ~1 ms), batching cannot
+requests per mode. When a run costs far less than the HTTP handling (`digits`: ~10 µs vs ~0.4-0.9 ms), batching cannot
 raise throughput: the request path, not the model, is the bottleneck; it pays off once the model dominates (`wide`).
 Client and server share the cores, so absolute numbers are lower bounds for a dedicated host.
 
