@@ -40,7 +40,12 @@ def config_from_args(argv: list[str] | None) -> ServerConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    serve(config_from_args(argv))
+    """Serve until interrupted; ``--help`` and usage errors return argparse's status instead of exiting."""
+    try:
+        config = config_from_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): `veil serve` returns, the caller exits
+        return exc.code if isinstance(exc.code, int) else 2
+    serve(config)
     return 0
 
 

@@ -95,9 +95,9 @@ def test_cli_parser_env_token_and_help(monkeypatch, capsys, tmp_path) -> None:
     assert cli.config_from_args(["--repo", "r"]).admin_token is None
     with pytest.raises(ValueError, match="--repo"):
         cli.config_from_args([])
-    with pytest.raises(SystemExit):
-        cli.main(["--help"])
+    assert cli.main(["--help"]) == 0
     assert "example:" in capsys.readouterr().out
+    assert cli.main(["--no-such-flag"]) == 2
 
 
 def test_veil_serve_reports_a_missing_repo(capsys, tmp_path) -> None:
