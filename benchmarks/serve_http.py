@@ -6,9 +6,10 @@
    median session run time, p50/p99, concurrency 1 (target p50 <= 2 ms).
 3. dynamic batching on vs off: throughput at concurrency 16, same graph, binary requests (target >= 2x).
 
-The model is a digits-sized ONNX graph built with ``onnx.helper`` (``veil.engine.toy.digits_model``:
-FP32 [-1, 1, 8, 8] -> Conv -> x² -> MatMul -> x² -> MatMul -> [-1, 10]), standing in for an exported PolyCNN.
-The server runs in a subprocess (``python -m veil.cli serve``); clients run here. Writes
+Models: ``digits`` is the digits PolyCNN of ``veil train uldnet --preset digits`` (same architecture, PolyNorm
+running variances calibrated on the digits training split, weights untrained: speed does not depend on them),
+exported by ``veil.export``; ``wide`` is an ``onnx.helper`` graph (``veil.engine.toy.digits_model``) with a
+compute-bound hidden layer. The server runs in a subprocess (``python -m veil.cli serve``); clients run here. Writes
 docs/results/serve_http.json and the serve_http section of docs/results.md.
 
     python benchmarks/serve_http.py              # the full run (about 10 s on 2 cores)
@@ -38,7 +39,26 @@ from veil.engine.toy import digits_model, write_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDE_HIDDEN = 8192  # a compute-bound variant: 32 MB first layer, ~1.5 ms per batch-1 run on 2 cores
-SECTION_BEGIN, SECTION_END = "<!-- serve_http:begin -->", "<!-- serve_http:end -->"
+SECTION = "serve_http"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_section  # noqa: E402
+
+
+def polycnn_model():
+    """The digits-preset PolyCNN exported to ONNX (veil functions), PolyNorm calibrated on digits."""
+    import torch
+    from veil.export import export_graph
+    from veil.training.uldnet import ModelConfig, build_model, load_digits_preset
+    from veil.training.uldnet.config import DIGITS_PRESETS
+
+    data = load_digits_preset()
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="cnn", input_shape=data.input_shape, **DIGITS_PRESETS["cnn"]["model"]))
+    model.train()
+    with torch.no_grad():
+        model(torch.as_tensor(data.x_train[:256]))
+    return export_graph(model.eval(), (torch.as_tensor(data.x_val[:4]),), ["x"], ["logits"], {"x": {0: "batch"}}).model
 
 
 def bench_runtime(model_path: Path, reps: int, block: int) -> dict:
@@ -164,13 +184,11 @@ def markdown(results: dict, command: str) -> str:
         f"| throughput at concurrency {b['concurrency']}, `{b['model']}` | batching on {b['on_req_s']} req/s "
         f"(avg batch {b['avg_batch_on']}) | batching off {b['off_req_s']} req/s | {b['speedup']}x | >= 2x |"
         for b in results["batching"])
-    return f"""{SECTION_BEGIN}
-## Serving overhead: runtime, HTTP, dynamic batching (issue: export and serve)
+    return f"""## Serving overhead: runtime, HTTP, dynamic batching (issue: export and serve)
 
 Command: `{command}` — {env['date']}, {env['machine']}, onnxruntime {env['onnxruntime']}, {env['threads']} intra-op threads.
-Models: digits-sized ONNX graphs built with `onnx.helper` (`veil.engine.toy.digits_model`: FP32 [-1, 1, 8, 8] ->
-Conv -> x² -> MatMul -> x² -> MatMul -> [-1, 10]), standing in for an exported PolyCNN: `digits` (hidden 64) and
-`wide` (hidden {WIDE_HIDDEN}, compute-bound). Server: `veil serve` in a subprocess on 127.0.0.1; clients (httpx,
+Models: `digits` = the digits-preset PolyCNN (78k parameters) exported by `veil.export` (PolyNorm/PolyAct as veil
+functions); `wide` = an `onnx.helper` graph (`veil.engine.toy.digits_model`, hidden {WIDE_HIDDEN}, compute-bound). Server: `veil serve` in a subprocess on 127.0.0.1; clients (httpx,
 binary tensor extension, batch-1 requests; batching: a raw keep-alive HTTP/1.1 client) in the benchmark process
 on the same cores.
 
@@ -185,23 +203,9 @@ interleaved sessions with thread pools on 2 cores measure ORT's spin-waiting, no
 Python indirection with the output names precomputed, which is why it can come out slightly ahead of
 `run(None, feeds)`; a few percent either way is run-to-run noise). HTTP: {http['requests']} sequential requests
 (p50 {http['latency_p50_ms']} ms, p99 {http['latency_p99_ms']} ms round trip). Batching: {results['batching'][0]['requests']}
-requests per mode. When a run costs far less than the HTTP handling (`digits`: ~10 µs vs ~0.4-0.9 ms), batching cannot
-raise throughput: the request path, not the model, is the bottleneck; it pays off once the model dominates (`wide`).
-Client and server share the cores, so absolute numbers are lower bounds for a dedicated host.
-
-{SECTION_END}"""
-
-
-def write_section(results_md: Path, section: str) -> None:
-    """Replace the serve_http section of results.md (or append it), keeping every other section."""
-    text = results_md.read_text() if results_md.exists() else "# veil — measured results\n\n"
-    if SECTION_BEGIN in text and SECTION_END in text:
-        head, rest = text.split(SECTION_BEGIN, 1)
-        text = head + section + rest.split(SECTION_END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    results_md.parent.mkdir(parents=True, exist_ok=True)
-    results_md.write_text(text)
+requests per mode. Batching pays off in proportion to the share of a request spent in the model: when a run costs far less than
+the HTTP handling (~0.4-0.9 ms per request here), the request path, not the model, is the bottleneck.
+Client and server share the cores, so absolute numbers are lower bounds for a dedicated host."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     reps, block, n_http, n_batch = (6, 50, 60, 160) if args.quick else (40, 400, 1000, 2000)
     with tempfile.TemporaryDirectory() as tmp:
-        repo, small, wide = Path(tmp) / "repo", digits_model(), digits_model(hidden=WIDE_HIDDEN)
+        repo, small, wide = Path(tmp) / "repo", polycnn_model(), digits_model(hidden=WIDE_HIDDEN)
         policy = "max_queue_delay_microseconds: 500 default_queue_policy { max_queue_size: 256 }"
         write_repository(repo, {"digits": small, "digits_batched": small, "wide": wide, "wide_batched": wide},
                          max_batch_size=64, batching={"digits_batched": policy, "wide_batched": policy})
@@ -232,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/serve_http.py" + (" " + " ".join(argv) if argv else "")
     (args.out / "results").mkdir(parents=True, exist_ok=True)
     (args.out / "results" / "serve_http.json").write_text(json.dumps(results, indent=1))
-    write_section(args.out / "results.md", markdown(results, command))
+    write_section(args.out / "results.md", SECTION, markdown(results, command))
     print(json.dumps(results, indent=2))
     return 0
 
