@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def session(model, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    # no spin-waiting after a run: interleaved variants would otherwise steal each other's cores
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
