@@ -1,4 +1,4 @@
-"""benchmarks/uldnet_digits.py runs end to end (one seed, a few epochs) and writes its table and plot."""
+"""Every benchmark script runs end to end in a smoke setting and writes its own section of results.md only."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "uldnet_digits.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow
 def test_uldnet_digits_benchmark_smoke(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("uldnet_digits", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load("uldnet_digits")
     (tmp_path / "results.md").write_text("# results\n\nkept text\n")
     assert module.main(["--seeds", "0", "--epochs", "2", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "results.md").read_text()
@@ -25,3 +30,26 @@ def test_uldnet_digits_benchmark_smoke(tmp_path) -> None:
     assert (tmp_path / "img" / "uldnet_digits_val.png").stat().st_size > 10_000
     module.main(["--seeds", "0", "--epochs", "2", "--out", str(tmp_path)])  # rerun replaces the section
     assert (tmp_path / "results.md").read_text().count("<!-- uldnet_digits:begin -->") == 1
+
+
+@pytest.mark.slow
+def test_serve_http_benchmark_quick(tmp_path) -> None:
+    module = load("serve_http")
+    marker = "<!-- serve_http:begin -->"
+    (tmp_path / "results.md").write_text("# results\n\n<!-- other:begin -->\nkept text\n<!-- other:end -->\n")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "kept text" in text and text.count(marker) == 1 and "bare `InferenceSession.run`" in text
+    results = json.loads((tmp_path / "results" / "serve_http.json").read_text())
+    assert {"runtime", "http", "batching"} <= set(results) and len(results["batching"]) == 2
+    module.main(["--quick", "--out", str(tmp_path)])  # a rerun replaces the section
+    assert (tmp_path / "results.md").read_text().count(marker) == 1
+
+
+@pytest.mark.slow
+def test_export_minilm_benchmark_smoke(tmp_path) -> None:
+    module = load("export_minilm")
+    assert module.main(["--rounds", "1", "--sequence", "16", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results" / "export_minilm.json").read_text())
+    assert report["quality"]["ort_int8"]["mean_cosine"] > 0.98
+    assert "<!-- export_minilm:begin -->" in (tmp_path / "results.md").read_text()
