@@ -1,3 +1,34 @@
-"""veil.he: CKKS parameters, keys, compiler and evaluation (TenSEAL). Never needs torch.
+"""veil.he: CKKS parameters, keys, envelopes, key store, compiler and evaluation (TenSEAL). Never needs torch.
 
-Filled by the encrypted-inference issue; nothing is here yet."""
+Client side: :func:`select_parameters` → :class:`SecretKeyring` (encrypt, decrypt, evaluation keys).
+Server side: :class:`KeyStore` (register evaluation keys, get them by key id). Both sides wrap payloads
+in envelopes (:func:`seal_envelope`, :func:`open_envelope`). Refusals are :class:`HEError` subclasses.
+See docs/he.md.
+"""
+
+from veil.he.envelope import Envelope, open_envelope, seal_envelope
+from veil.he.errors import (
+    EnvelopeError,
+    ExpiredKey,
+    HEError,
+    KeyringError,
+    MalformedCiphertext,
+    MalformedKeys,
+    MismatchError,
+    ParameterError,
+    QuotaExceeded,
+    SecretKeyRefused,
+    SecurityError,
+    UnknownKey,
+)
+from veil.he.keys import EvaluationKeys, SecretKeyring
+from veil.he.keystore import KeyStore
+from veil.he.params import CkksParameters, describe, select_parameters
+from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
+
+__all__ = [
+    "CkksParameters", "Envelope", "EnvelopeError", "EvaluationKeys", "ExpiredKey", "HEError", "KeyStore",
+    "KeyringError", "MalformedCiphertext", "MalformedKeys", "MismatchError", "ParameterError", "QuotaExceeded",
+    "SecretKeyRefused", "SecretKeyring", "SecurityError", "UnknownKey", "ciphertexts_from_bytes",
+    "ciphertexts_to_bytes", "describe", "open_envelope", "seal_envelope", "select_parameters",
+]

@@ -1,0 +1,66 @@
+"""One exception per refusal of ``veil.he``; each docstring names the HTTP status it maps to.
+
+Every class derives from :class:`HEError` (a ``ValueError``) and carries that status as ``http_status``,
+so the engine registers one handler for the base class and returns the OIP body ``{"error": str(exc)}``.
+Messages name the field, the expected value and the received value; they never contain key material.
+"""
+
+from __future__ import annotations
+
+
+class HEError(ValueError):
+    """Base of every ``veil.he`` refusal. HTTP 400 unless a subclass says otherwise."""
+
+    http_status = 400
+
+
+class SecurityError(HEError):
+    """Parameters below 128-bit security (HE-standard table or SEAL's own check). HTTP 400."""
+
+
+class ParameterError(HEError):
+    """Ill-formed CKKS parameters (chain shape, prime sizes) or an infeasible request. HTTP 400."""
+
+
+class MalformedCiphertext(HEError):
+    """Ciphertext bytes that do not parse, or do not belong to the expected parameters. HTTP 400."""
+
+
+class EnvelopeError(HEError):
+    """An envelope with a wrong magic, version, checksum, kind, key id, parameter or plan hash. HTTP 400."""
+
+
+class MismatchError(HEError):
+    """Parameters, level or scale of an object differ from what the operation expects. HTTP 400."""
+
+
+class MalformedKeys(HEError):
+    """Evaluation-key bytes that do not parse or are not valid for their parameters. HTTP 400."""
+
+
+class SecretKeyRefused(HEError):
+    """A payload sent to the server holds a secret key; it is refused and never stored. HTTP 403."""
+
+    http_status = 403
+
+
+class UnknownKey(HEError):
+    """No evaluation keys are registered under this key id. HTTP 404."""
+
+    http_status = 404
+
+
+class ExpiredKey(HEError):
+    """The evaluation keys under this key id outlived the store's TTL and were deleted. HTTP 410."""
+
+    http_status = 410
+
+
+class QuotaExceeded(HEError):
+    """Storing these evaluation keys would exceed the key store's byte quota. HTTP 413."""
+
+    http_status = 413
+
+
+class KeyringError(HEError):
+    """A secret keyring file that is malformed, or a missing or wrong passphrase (client side). HTTP 400."""

@@ -1,0 +1,280 @@
+"""Client keys: a secret keyring that encrypts and decrypts, and the public evaluation keys it ships.
+
+The secret key never leaves :class:`SecretKeyring`. The server gets :class:`EvaluationKeys`
+(relinearization keys plus Galois keys for exactly the rotation steps the compiled model uses), in a
+container whose only sections are those two. Both are generated and shipped *seeded* (SEAL
+``Serializable``), which halves their bytes; the client encrypts with the secret key (symmetric CKKS), so
+no public key is needed and :meth:`SecretKeyring.encrypt_to_bytes` ships seeded ciphertexts (½ size).
+
+Never send decrypted values back to the server (Li–Micciancio, EUROCRYPT '21: CKKS key recovery).
+
+Example:
+    >>> import numpy as np
+    >>> from veil.he import SecretKeyring, select_parameters
+    >>> ring = SecretKeyring.generate(select_parameters(levels=2), galois_steps=[1])
+    >>> server_keys = ring.evaluation_keys().to_bytes()           # send once; holds no secret key
+    >>> [ct] = ring.encrypt([np.array([1.0, 2.0, 3.0])])
+    >>> round(float(ring.decrypt([ct])[0][1]), 4)
+    2.0
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tenseal.sealapi as sa
+from veil.he.errors import KeyringError, MalformedKeys, MismatchError, ParameterError
+from veil.he.params import CkksParameters
+from veil.he.serialize import (
+    ciphertexts_to_bytes,
+    pack,
+    seal_from_bytes,
+    seal_to_bytes,
+    split_sections,
+    unpack,
+)
+
+from veil.config import write_atomic
+
+EVALUATION_KEYS_MAGIC = b"VEILEVK\x00"
+KEYRING_MAGIC = b"VEILSK\x00\x00"
+FORMAT_VERSION = 1
+_SCRYPT = {"n": 2**15, "r": 8, "p": 1}  # ~32 MiB, ~0.1 s per derivation
+
+
+def normalize_steps(params: CkksParameters, galois_steps: Sequence[int]) -> tuple[int, ...]:
+    """Sorted distinct rotation steps; refuses 0, non-ints and |step| >= slots."""
+    steps = set()
+    for s in galois_steps:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s == 0 or abs(int(s)) >= params.slots:
+            raise ParameterError(f"galois_steps: expected non-zero ints with |step| < {params.slots}, received {s!r}")
+        steps.add(int(s))
+    return tuple(sorted(steps))
+
+
+def galois_element(params: CkksParameters, step: int) -> int:
+    """SEAL's Galois element for a left rotation by ``step`` slots (``galois_elt_from_step``)."""
+    return pow(3, step % params.slots, 2 * params.poly_modulus_degree)
+
+
+class EvaluationKeys:
+    """Public evaluation keys: relinearization keys and Galois keys for ``galois_steps``. No secret key.
+
+    Attributes:
+        params: the parameter set the keys belong to.
+        relin: ``sa.RelinKeys``.
+        galois: ``sa.GaloisKeys`` for ``galois_steps``, or None when no rotation is needed.
+        galois_steps: the rotation steps the Galois keys cover (sorted).
+    """
+
+    def __init__(self, params: CkksParameters, relin_bytes: bytes, galois_bytes: bytes | None,
+                 galois_steps: Sequence[int]) -> None:
+        self.params = params
+        self.galois_steps = normalize_steps(params, galois_steps)
+        self._relin_bytes, self._galois_bytes = relin_bytes, galois_bytes
+        ctx = params.seal_context()
+        self.relin = self._load(sa.RelinKeys(), ctx, relin_bytes, "relin")
+        if self.relin.size() != 1 or not self.relin.has_key(2):
+            raise MalformedKeys(f"evaluation_keys.relin: expected one relinearization key, received {self.relin.size()}")
+        self.galois: sa.GaloisKeys | None = None
+        if galois_bytes is not None:
+            self.galois = self._load(sa.GaloisKeys(), ctx, galois_bytes, "galois")
+            missing = [s for s in self.galois_steps if not self.galois.has_key(galois_element(params, s))]
+            if missing or self.galois.size() != len(self.galois_steps):
+                raise MalformedKeys(f"evaluation_keys.galois: expected keys for steps {list(self.galois_steps)}, "
+                                    f"received {self.galois.size()} keys (missing steps {missing})")
+        elif self.galois_steps:
+            raise MalformedKeys(f"evaluation_keys.galois: expected keys for steps {list(self.galois_steps)}, received none")
+
+    @staticmethod
+    def _load(obj: Any, ctx: sa.SEALContext, data: bytes, name: str) -> Any:
+        try:
+            seal_from_bytes(obj, ctx, data)
+        except Exception as exc:  # SEAL raises RuntimeError/ValueError subclasses for bad input
+            raise MalformedKeys(f"evaluation_keys.{name}: not valid keys for these parameters "
+                                f"({type(exc).__name__}: {exc})") from None
+        if not sa.is_valid_for(obj, ctx):
+            raise MalformedKeys(f"evaluation_keys.{name}: SEAL finds the keys invalid for these parameters")
+        return obj
+
+    def to_bytes(self) -> bytes:
+        """The versioned container: magic, version, params JSON, steps, SHA-256, seeded SEAL sections."""
+        sections = [self._relin_bytes] + ([self._galois_bytes] if self._galois_bytes is not None else [])
+        header = {"params": self.params.to_dict(), "params_hash": self.params.hash(),
+                  "galois_steps": list(self.galois_steps), "sections": ["relin", "galois"][:len(sections)],
+                  "lengths": [len(s) for s in sections]}
+        return pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, header, b"".join(sections))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> EvaluationKeys:
+        """Parse and check :meth:`to_bytes` output.
+
+        Raises:
+            MalformedKeys: bad container, unknown sections, keys not valid for the stated parameters.
+            SecurityError, ParameterError: the stated parameters are refused.
+        """
+        _, header, payload = unpack(data, EVALUATION_KEYS_MAGIC, (FORMAT_VERSION,), MalformedKeys, "evaluation_keys")
+        sections = header.get("sections")
+        if sections not in (["relin"], ["relin", "galois"]):
+            raise MalformedKeys(f"evaluation_keys.sections: expected ['relin'] or ['relin', 'galois'], "
+                                f"received {sections!r}")
+        params = CkksParameters.from_dict(header.get("params"))
+        if header.get("params_hash") != params.hash():
+            raise MalformedKeys(f"evaluation_keys.params_hash: expected {params.hash()}, "
+                                f"received {header.get('params_hash')!r}")
+        blobs = split_sections(payload, header.get("lengths"), MalformedKeys, "evaluation_keys")
+        if len(blobs) != len(sections):
+            raise MalformedKeys(f"evaluation_keys.lengths: expected {len(sections)} entries, received {len(blobs)}")
+        steps = header.get("galois_steps")
+        if not isinstance(steps, list):
+            raise MalformedKeys(f"evaluation_keys.galois_steps: expected a list, received {steps!r}")
+        return cls(params, blobs[0], blobs[1] if len(blobs) > 1 else None, steps)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of :meth:`to_bytes` (what the client uploads once)."""
+        return len(self.to_bytes())
+
+    @property
+    def key_id(self) -> str:
+        """SHA-256 hex of :meth:`to_bytes`: the id the key store registers these keys under."""
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+
+class SecretKeyring:
+    """The client's CKKS secret key, its parameters and rotation steps. Never leaves the client.
+
+    Create with :meth:`generate` or :meth:`load`; ship :meth:`evaluation_keys` to the server.
+    """
+
+    def __init__(self, params: CkksParameters, secret_key: sa.SecretKey, galois_steps: Sequence[int]) -> None:
+        self.params = params
+        self.galois_steps = normalize_steps(params, galois_steps)
+        ctx = params.seal_context()
+        self._secret_key = secret_key
+        self._encoder = sa.CKKSEncoder(ctx)
+        self._encryptor = sa.Encryptor(ctx, secret_key)
+        self._decryptor = sa.Decryptor(ctx, secret_key)
+        self._evaluation_keys: EvaluationKeys | None = None
+
+    @classmethod
+    def generate(cls, params: CkksParameters, galois_steps: Sequence[int]) -> SecretKeyring:
+        """A fresh secret key for ``params``; evaluation keys will cover ``galois_steps``."""
+        return cls(params, sa.KeyGenerator(params.seal_context()).secret_key(), galois_steps)
+
+    def evaluation_keys(self) -> EvaluationKeys:
+        """Seeded relinearization + Galois keys for this keyring's steps (generated once, then cached)."""
+        if self._evaluation_keys is None:
+            keygen = sa.KeyGenerator(self.params.seal_context(), self._secret_key)
+            galois = seal_to_bytes(keygen.create_galois_keys(list(self.galois_steps))) if self.galois_steps else None
+            relin = seal_to_bytes(keygen.create_relin_keys())
+            self._evaluation_keys = EvaluationKeys(self.params, relin, galois, self.galois_steps)
+        return self._evaluation_keys
+
+    def _plaintext(self, vector: np.ndarray, index: int) -> sa.Plaintext:
+        x = np.asarray(vector, dtype=np.float64)
+        if x.ndim != 1 or x.size > self.params.slots:
+            raise ParameterError(f"vectors[{index}]: expected a 1-D array of <= {self.params.slots} values, "
+                                 f"received shape {x.shape}")
+        if not np.all(np.isfinite(x)):
+            raise ParameterError(f"vectors[{index}]: expected finite values, received NaN or inf")
+        padded = np.zeros(self.params.slots)
+        padded[:x.size] = x
+        pt = sa.Plaintext()
+        self._encoder.encode(padded.tolist(), self.params.scale, pt)
+        return pt
+
+    def encrypt(self, vectors: Sequence[np.ndarray]) -> list[sa.Ciphertext]:
+        """One ciphertext per vector (zero-padded to ``slots``), at ``params.scale`` on the top level."""
+        out = []
+        for i, v in enumerate(vectors):
+            ct = sa.Ciphertext()
+            self._encryptor.encrypt_symmetric(self._plaintext(v, i), ct)
+            out.append(ct)
+        return out
+
+    def encrypt_to_bytes(self, vectors: Sequence[np.ndarray]) -> bytes:
+        """Like :meth:`encrypt`, serialized seeded (about half the bytes) for :func:`ciphertexts_from_bytes`."""
+        return ciphertexts_to_bytes([self._encryptor.encrypt_symmetric(self._plaintext(v, i))
+                                     for i, v in enumerate(vectors)])
+
+    def decrypt(self, cts: Sequence[sa.Ciphertext]) -> list[np.ndarray]:
+        """Decrypt and decode each ciphertext to ``slots`` float64 values.
+
+        Raises:
+            MismatchError: a ciphertext does not belong to this keyring's parameters.
+        """
+        ctx, out = self.params.seal_context(), []
+        for i, ct in enumerate(cts):
+            if not sa.is_valid_for(ct, ctx):
+                raise MismatchError(f"cts[{i}]: expected a ciphertext for parameters {self.params.hash()[:12]}, "
+                                    "received one that SEAL finds invalid for them")
+            pt = sa.Plaintext()
+            self._decryptor.decrypt(ct, pt)
+            out.append(np.asarray(self._encoder.decode_double(pt), dtype=np.float64))
+        return out
+
+    def save(self, path: str | os.PathLike[str], passphrase: str | None = None) -> None:
+        """Write the keyring atomically with mode 0600.
+
+        With a passphrase the secret key is encrypted with Fernet (AES-128-CBC + HMAC-SHA256) under a
+        scrypt-derived key (``cryptography`` package). **Without one the secret key is stored in the clear**:
+        anyone who can read the file can decrypt everything encrypted under it.
+        """
+        secret = seal_to_bytes(self._secret_key)
+        header: dict[str, Any] = {"params": self.params.to_dict(), "galois_steps": list(self.galois_steps),
+                                  "protection": "none"}
+        if passphrase is not None:
+            salt = os.urandom(16)
+            secret = _fernet(passphrase, salt, _SCRYPT).encrypt(secret)
+            header.update(protection="fernet-scrypt", salt=salt.hex(), scrypt=_SCRYPT)
+        write_atomic(path, pack(KEYRING_MAGIC, FORMAT_VERSION, header, secret))
+        os.chmod(path, 0o600)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], passphrase: str | None = None) -> SecretKeyring:
+        """Read a keyring written by :meth:`save`.
+
+        Raises:
+            KeyringError: malformed file, missing or wrong passphrase.
+        """
+        _, header, secret = unpack(Path(path).read_bytes(), KEYRING_MAGIC, (FORMAT_VERSION,), KeyringError, "keyring")
+        if header.get("protection") == "fernet-scrypt":
+            if passphrase is None:
+                raise KeyringError(f"keyring {path}: expected a passphrase (the secret key is encrypted), received none")
+            from cryptography.fernet import InvalidToken
+
+            try:
+                fernet = _fernet(passphrase, bytes.fromhex(header["salt"]), header["scrypt"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise KeyringError(f"keyring {path}: malformed salt or scrypt settings ({exc!r})") from None
+            try:
+                secret = fernet.decrypt(secret)
+            except InvalidToken:
+                raise KeyringError(f"keyring {path}: wrong passphrase") from None
+        elif header.get("protection") != "none":
+            raise KeyringError(f"keyring.protection: expected 'none' or 'fernet-scrypt', "
+                               f"received {header.get('protection')!r}")
+        params = CkksParameters.from_dict(header.get("params"))
+        try:
+            secret_key = seal_from_bytes(sa.SecretKey(), params.seal_context(), secret)
+        except Exception as exc:  # SEAL raises RuntimeError/ValueError subclasses for bad input
+            raise KeyringError(f"keyring {path}: secret key does not load ({type(exc).__name__}: {exc})") from None
+        return cls(params, secret_key, header.get("galois_steps", []))
+
+
+def _fernet(passphrase: str, salt: bytes, scrypt: dict[str, int]) -> Any:
+    """Fernet keyed by scrypt(passphrase); needs the ``cryptography`` package."""
+    try:
+        from cryptography.fernet import Fernet
+        from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+    except ImportError:
+        raise KeyringError("passphrase protection needs the `cryptography` package: pip install cryptography") from None
+    key = Scrypt(salt=salt, length=32, n=scrypt["n"], r=scrypt["r"], p=scrypt["p"]).derive(passphrase.encode())
+    return Fernet(base64.urlsafe_b64encode(key))
