@@ -1,0 +1,157 @@
+"""Client keys: encrypt/decrypt precision, evaluation keys that work and hold no secret, keyring files,
+ciphertext serialization."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tenseal.sealapi as sa
+from veil.he import (
+    EvaluationKeys,
+    KeyringError,
+    MalformedCiphertext,
+    MalformedKeys,
+    MismatchError,
+    ParameterError,
+    SecretKeyring,
+    ciphertexts_from_bytes,
+    ciphertexts_to_bytes,
+)
+from veil.he.keys import KEYRING_MAGIC
+from veil.he.params import CkksParameters
+from veil.he.serialize import seal_to_bytes
+
+PARAMS = CkksParameters(8192, (60, 40, 40, 60), 40)
+OTHER = CkksParameters(8192, (60, 40, 60), 40)
+
+
+@pytest.fixture(scope="module")
+def ring() -> SecretKeyring:
+    return SecretKeyring.generate(PARAMS, [1, 2, -1])
+
+
+def test_encrypt_decrypt_round_trip_precision(ring: SecretKeyring) -> None:
+    rng = np.random.default_rng(0)
+    short, full = rng.uniform(-8, 8, 100), rng.uniform(-1, 1, PARAMS.slots)
+    out_short, out_full = ring.decrypt(ring.encrypt([short, full]))
+    assert out_short.shape == (PARAMS.slots,)
+    assert np.max(np.abs(out_short[:100] - short)) < 1e-6 * np.max(np.abs(short))
+    assert np.max(np.abs(out_short[100:])) < 1e-6  # zero-padded
+    assert np.max(np.abs(out_full - full)) < 1e-6
+
+
+def test_encrypt_refuses_bad_vectors(ring: SecretKeyring) -> None:
+    with pytest.raises(ParameterError, match=r"vectors\[0\].*4096"):
+        ring.encrypt([np.zeros(PARAMS.slots + 1)])
+    with pytest.raises(ParameterError, match=r"vectors\[1\].*1-D"):
+        ring.encrypt([np.zeros(3), np.zeros((2, 2))])
+    with pytest.raises(ParameterError, match="finite"):
+        ring.encrypt([np.array([1.0, np.nan])])
+
+
+def test_evaluation_keys_round_trip_and_hold_no_secret_key(ring: SecretKeyring) -> None:
+    keys = ring.evaluation_keys()
+    data = keys.to_bytes()
+    secret = seal_to_bytes(ring._secret_key)
+    assert secret not in data and secret[-4096:] not in data
+    loaded = EvaluationKeys.from_bytes(data)
+    assert loaded.params == PARAMS and loaded.galois_steps == (-1, 1, 2)
+    assert loaded.key_id == keys.key_id and loaded.size_bytes == len(data)
+    assert not hasattr(loaded, "_secret_key")
+
+
+def test_round_tripped_evaluation_keys_rotate_and_square(ring: SecretKeyring) -> None:
+    keys = EvaluationKeys.from_bytes(ring.evaluation_keys().to_bytes())
+    x = np.linspace(-1, 1, PARAMS.slots)
+    [ct] = ciphertexts_from_bytes(PARAMS, ring.encrypt_to_bytes([x]))
+    ev, rotated = sa.Evaluator(PARAMS.seal_context()), sa.Ciphertext()
+    ev.rotate_vector(ct, 1, keys.galois, rotated)
+    ev.square_inplace(rotated)
+    ev.relinearize_inplace(rotated, keys.relin)
+    ev.rescale_to_next_inplace(rotated)
+    [out] = ring.decrypt([rotated])
+    assert np.max(np.abs(out - np.roll(x, -1) ** 2)) < 1e-5
+
+
+def test_evaluation_keys_refuse_garbage_swaps_and_secret_keys(ring: SecretKeyring) -> None:
+    data = ring.evaluation_keys().to_bytes()
+    with pytest.raises(MalformedKeys, match="magic"):
+        EvaluationKeys.from_bytes(b"not keys" * 20)
+    with pytest.raises(MalformedKeys, match="sha256"):
+        EvaluationKeys.from_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    keys = ring.evaluation_keys()
+    with pytest.raises(MalformedKeys, match="relin"):  # a secret key in place of the relin keys
+        EvaluationKeys(PARAMS, seal_to_bytes(ring._secret_key), None, [])
+    with pytest.raises(MalformedKeys, match="relin"):  # galois keys in place of relin keys
+        EvaluationKeys(PARAMS, keys._galois_bytes, None, [])
+    with pytest.raises(MalformedKeys, match="galois"):  # relin keys where 3 galois keys belong
+        EvaluationKeys(PARAMS, keys._relin_bytes, keys._relin_bytes, [1, 2, -1])
+    with pytest.raises(MalformedKeys, match=r"missing steps \[3\]"):
+        EvaluationKeys(PARAMS, keys._relin_bytes, keys._galois_bytes, [1, 3, -1])
+    with pytest.raises(MalformedKeys, match="relin"):  # keys of other parameters
+        EvaluationKeys(OTHER, keys._relin_bytes, None, [])
+
+
+def test_keyring_without_galois_steps_ships_relin_keys_only() -> None:
+    keys = SecretKeyring.generate(OTHER, []).evaluation_keys()
+    assert keys.galois is None and EvaluationKeys.from_bytes(keys.to_bytes()).galois_steps == ()
+    with pytest.raises(ParameterError, match="galois_steps"):
+        SecretKeyring.generate(OTHER, [0])
+
+
+def test_keyring_file_plain_is_0600_and_round_trips(ring: SecretKeyring, tmp_path: Path) -> None:
+    path = tmp_path / "client.veilkey"
+    ring.save(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert path.read_bytes().startswith(KEYRING_MAGIC)
+    loaded = SecretKeyring.load(path)
+    assert loaded.params == PARAMS and loaded.galois_steps == ring.galois_steps
+    assert np.allclose(loaded.decrypt(ring.encrypt([np.ones(4)]))[0][:4], 1.0, atol=1e-6)
+
+
+def test_keyring_file_with_passphrase(ring: SecretKeyring, tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    path = tmp_path / "client.veilkey"
+    ring.save(path, passphrase="correct horse")
+    assert seal_to_bytes(ring._secret_key)[-2048:] not in path.read_bytes()
+    loaded = SecretKeyring.load(path, passphrase="correct horse")
+    assert np.allclose(loaded.decrypt(ring.encrypt([np.ones(4)]))[0][:4], 1.0, atol=1e-6)
+    with pytest.raises(KeyringError, match="wrong passphrase"):
+        SecretKeyring.load(path, passphrase="battery staple")
+    with pytest.raises(KeyringError, match="expected a passphrase"):
+        SecretKeyring.load(path)
+
+
+def test_ciphertexts_round_trip_and_seeded_ones_are_smaller(ring: SecretKeyring) -> None:
+    x = np.arange(10.0)
+    seeded = ring.encrypt_to_bytes([x, -x])
+    plain = ciphertexts_to_bytes(ring.encrypt([x, -x]))
+    assert len(seeded) < 0.6 * len(plain)
+    for data in (seeded, plain):
+        a, b = ring.decrypt(ciphertexts_from_bytes(PARAMS, data))
+        assert np.allclose(a[:10], x, atol=1e-6) and np.allclose(b[:10], -x, atol=1e-6)
+    assert ciphertexts_from_bytes(PARAMS, ciphertexts_to_bytes([])) == []
+
+
+def test_ciphertexts_from_bytes_refuses_garbage_and_other_params(ring: SecretKeyring) -> None:
+    data = ring.encrypt_to_bytes([np.ones(3)])
+    with pytest.raises(MalformedCiphertext, match="magic"):
+        ciphertexts_from_bytes(PARAMS, b"\x00" * 100)
+    with pytest.raises(MalformedCiphertext, match="sha256"):
+        ciphertexts_from_bytes(PARAMS, data[:-10])
+    with pytest.raises(MalformedCiphertext, match=r"ciphertexts\[0\]: not a ciphertext for parameters"):
+        ciphertexts_from_bytes(OTHER, data)
+    other = SecretKeyring.generate(OTHER, [])
+    with pytest.raises(MismatchError, match="cts"):
+        ring.decrypt(other.encrypt([np.ones(3)]))
+
+
+def test_ciphertexts_from_bytes_refuses_unrelinearized(ring: SecretKeyring) -> None:
+    [ct] = ring.encrypt([np.ones(3)])
+    sa.Evaluator(PARAMS.seal_context()).square_inplace(ct)  # 3 polynomials
+    with pytest.raises(MalformedCiphertext, match="size: expected 2"):
+        ciphertexts_from_bytes(PARAMS, ciphertexts_to_bytes([ct]))
