@@ -1,0 +1,211 @@
+"""ONNX graph (as ``veil.export`` writes it) -> HE :class:`~veil.he.plan.Plan`.
+
+Every node with one ciphertext-dependent input and constant other inputs, from an allow-list of affine
+ops (Gemm, MatMul, Conv, AveragePool, Flatten, Reshape, ...), is turned into its dense per-sample matrix
+by running it with ``onnx.reference`` on the identity basis (and checked to be affine on a random input),
+then folded into the pending affine map (see :mod:`veil.he.lowering`). ``veil.PolyNorm`` and
+``veil.PolyAct`` are lowered to plan ops; anything else is refused with the node's name and a hint.
+
+Example:
+    >>> plan = compile("model.onnx", mode="latency")
+    >>> plan.levels, plan.galois_steps[:4]
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from veil.he.errors import HEError, ParameterError
+from veil.he.lowering import Affine, Builder
+from veil.he.packing import galois_steps, latency_period
+from veil.he.plan import FORMAT, Mode, Plan
+
+
+class CompileError(HEError):
+    """An ONNX graph the HE compiler cannot lower (a non-polynomial op, an unsupported layout). HTTP 400."""
+
+
+AFFINE_OPS = {"Gemm", "MatMul", "Conv", "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Transpose",
+              "Squeeze", "Unsqueeze", "Identity", "Add", "Sub", "Mul", "Div", "Neg", "Pad", "ReduceMean",
+              "ReduceSum", "BatchNormalization", "Dropout", "Slice"}
+HINTS = {
+    "Relu": "use PolyAct (train with `veil train uldnet`)", "Gelu": "use PolyAct", "Sigmoid": "use PolyAct",
+    "Tanh": "use PolyAct", "Elu": "use PolyAct", "LeakyRelu": "use PolyAct",
+    "MaxPool": "MaxPool -> AveragePool", "GlobalMaxPool": "GlobalMaxPool -> GlobalAveragePool",
+    "Softmax": "use veil.LinearAttention or drop the softmax (argmax is unchanged)",
+    "LayerNormalization": "use PolyNorm (train with `veil train uldnet`)", "Sqrt": "use PolyNorm",
+    "Div": "division by a ciphertext is not polynomial; use PolyNorm", "LinearAttention":
+    "linear attention is not supported by the HE compiler yet; use a PolyMLP or a conv model",
+}
+
+
+def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", precision_bits: int = 20) -> Plan:
+    """Compile a polynomial ONNX model into an HE plan for ``mode`` ("latency" or "throughput").
+
+    Args:
+        onnx_model: the exported model, or a path to it; one input (B, *shape) and one output (B, *shape).
+        mode: "latency" (one sample per ciphertext, BSGS diagonal products) or "throughput" (one
+            ciphertext per feature, up to N/2 samples per call, no rotations).
+        precision_bits: fractional bits wanted after a multiply; passed to ``select_parameters``.
+
+    Raises:
+        CompileError: an op that is not polynomial or not supported, named with a hint.
+        ParameterError: the plan needs more levels than any 128-bit parameter set offers.
+    """
+    if mode not in ("latency", "throughput"):
+        raise CompileError(f"compile: `mode` expected 'latency' or 'throughput', received {mode!r}")
+    model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
+    graph = model.graph
+    if len(graph.input) != 1 or len(graph.output) != 1:
+        raise CompileError(f"compile: expected one graph input and one output, received "
+                           f"{[i.name for i in graph.input]} -> {[o.name for o in graph.output]}")
+    source = graph.input[0]
+    shape = tuple(d.dim_value for d in source.type.tensor_type.shape.dim[1:])
+    if not shape or min(shape) < 1:
+        raise CompileError(f"compile: input {source.name!r} expected static per-sample dims (B, ...), "
+                           f"received {[d.dim_param or d.dim_value for d in source.type.tensor_type.shape.dim]}")
+    builder = Builder()
+    features = int(np.prod(shape))
+    tensors: dict[str, Any] = {source.name: Affine({builder.input(features): np.eye(features)},
+                                                   np.zeros(features), shape)}
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    opsets = list(model.opset_import)
+    for node in graph.node:
+        _lower(node, tensors, consts, builder, opsets)
+    result = tensors.get(graph.output[0].name)
+    if not isinstance(result, Affine):
+        raise CompileError(f"compile: output {graph.output[0].name!r} does not depend on the input")
+    out = builder.linear(result, "output")
+    return _finish(model, builder, source.name, shape, graph.output[0].name, result, out, mode, precision_bits)
+
+
+def _finish(model: onnx.ModelProto, builder: Builder, in_name: str, in_shape: tuple[int, ...], out_name: str,
+            result: Affine, out: str, mode: Mode, precision_bits: int) -> Plan:
+    from veil.he.params import select_parameters
+
+    levels = max(v["level"] for v in builder.values.values())
+    period = latency_period(builder) if mode == "latency" else 0
+    try:
+        params = select_parameters(levels, precision_bits=precision_bits, min_slots=period)
+    except ParameterError as exc:
+        raise ParameterError(f"compile: the plan needs {levels} levels ({_level_summary(builder)}); "
+                             f"no 128-bit parameter set offers them: {exc}") from exc
+    spec = {
+        "format": FORMAT, "mode": mode, "levels": levels, "period": period, "precision_bits": precision_bits,
+        "inputs": [{"name": in_name, "value": "v0", "shape": list(in_shape), "features": int(np.prod(in_shape))}],
+        "outputs": [{"name": out_name, "value": out, "shape": list(result.shape), "features": result.features}],
+        "values": builder.values, "ops": builder.ops, "parameters": params.to_dict(),
+        "onnx_sha256": hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest(),
+    }
+    plan = Plan(spec, builder.tensors)
+    spec["galois_steps"] = galois_steps(plan) if mode == "latency" else []
+    return plan
+
+
+def _level_summary(builder: Builder) -> str:
+    per_node: dict[str, int] = {}
+    for op in builder.ops:
+        per_node[op["node"]] = max(per_node.get(op["node"], 0), op["level"])
+    return ", ".join(f"{k} -> {v}" for k, v in per_node.items())
+
+
+def _lower(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str, np.ndarray], builder: Builder,
+           opsets: list[onnx.OperatorSetIdProto]) -> None:
+    """Fold one node into ``tensors`` (name -> Affine for ciphertext-dependent tensors, arrays in ``consts``)."""
+    name = node.name or node.output[0]
+    dynamic = [i for i in node.input if i in tensors]
+    if not dynamic:  # constant folding (Constant, Shape arithmetic on initializers, ...)
+        outs = _run(node, {i: consts[i] for i in node.input if i}, opsets)
+        consts.update(zip(node.output, outs, strict=True))
+        return
+    if node.domain == "veil":
+        tensors[node.output[0]] = _lower_veil(node, name, tensors, consts, builder)
+        return
+    if node.op_type in ("Mul", "Pow") and _is_product(node, tensors, consts):
+        a, b = (tensors[node.input[0]], tensors[node.input[0]] if node.op_type == "Pow" else tensors[node.input[1]])
+        va, vb = builder.linear(a, name), builder.linear(b, name)
+        value = builder.mul(va, vb, name)
+        tensors[node.output[0]] = Affine({value: np.eye(a.features)}, np.zeros(a.features), a.shape)
+        return
+    if node.op_type in ("Add", "Sub") and len(dynamic) == 2:
+        a, b = tensors[node.input[0]], tensors[node.input[1]]
+        if a.shape != b.shape:
+            raise CompileError(f"node {name!r} ({node.op_type}): expected equal shapes, received {a.shape} and {b.shape}")
+        sign = -1.0 if node.op_type == "Sub" else 1.0
+        tensors[node.output[0]] = a.plus(b.then(sign * np.eye(b.features), np.zeros(b.features), b.shape))
+        return
+    if node.op_type not in AFFINE_OPS or len(dynamic) != 1 or (node.op_type == "Div" and node.input[1] in tensors):
+        hint = HINTS.get(node.op_type, "only polynomial ops (affine maps, products, veil.PolyNorm, veil.PolyAct)")
+        raise CompileError(f"node {name!r} ({node.domain + '.' if node.domain else ''}{node.op_type}) is not "
+                           f"supported in encrypted inference: {hint}. Train with `veil train uldnet`.")
+    tensors[node.output[0]] = _affine_node(node, name, tensors[dynamic[0]], dynamic[0], consts, opsets)
+
+
+def _is_product(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str, np.ndarray]) -> bool:
+    if node.op_type == "Mul":
+        return node.input[0] in tensors and node.input[1] in tensors
+    exponent = consts.get(node.input[1])
+    if exponent is None or exponent.size != 1 or float(exponent) != 2.0:
+        raise CompileError(f"node {node.name!r} (Pow): only a constant exponent 2 is polynomial here, "
+                           f"received {exponent}")
+    return True
+
+
+def _lower_veil(node: onnx.NodeProto, name: str, tensors: dict[str, Any], consts: dict[str, np.ndarray],
+                builder: Builder) -> Any:
+    x = tensors[node.input[0]]
+    if any(i in tensors for i in node.input[1:]) or node.op_type not in ("PolyNorm", "PolyAct"):
+        hint = HINTS.get(node.op_type, "unknown veil function")
+        raise CompileError(f"node {name!r} (veil.{node.op_type}) is not supported in encrypted inference: {hint}")
+    sample = (1, *x.shape)
+    if node.op_type == "PolyAct":
+        coeffs = consts[node.input[1]]  # (n + 1, 1, ...broadcast)
+        per_feature = np.stack([np.broadcast_to(c, sample).reshape(-1) for c in coeffs]).astype(np.float64)
+        value = builder.polyact(x, per_feature, name)
+        return Affine({value: np.eye(x.features)}, np.zeros(x.features), x.shape)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    axes = sorted(int(a) % len(sample) for a in attrs["axes"])
+    if axes != list(range(1, len(sample))):
+        raise CompileError(f"node {name!r} (veil.PolyNorm): statistics over axes {attrs['axes']} of a "
+                           f"(B, {', '.join(map(str, x.shape))}) tensor; the HE compiler supports per-sample "
+                           f"statistics over every non-batch axis only")
+    weight, bias = (np.broadcast_to(consts[i], sample).reshape(-1).astype(np.float64) for i in node.input[1:3])
+    return builder.polynorm(x, weight, bias, attrs, name)
+
+
+def _affine_node(node: onnx.NodeProto, name: str, x: Affine, x_name: str, consts: dict[str, np.ndarray],
+                 opsets: list[onnx.OperatorSetIdProto]) -> Affine:
+    """The node as ``z -> A z + b`` on flattened samples, composed after ``x``."""
+    n = x.features
+    basis = np.concatenate([np.eye(n), np.zeros((1, n))]).reshape(n + 1, *x.shape)  # (n + 1, *shape)
+    probe = np.random.default_rng(0).normal(size=(1, *x.shape))
+    feeds = {i: consts[i].astype(np.float64) if consts[i].dtype == np.float32 else consts[i]
+             for i in node.input if i and i != x_name}
+    try:
+        out = _run(node, {**feeds, x_name: basis}, opsets)[0]
+        check = _run(node, {**feeds, x_name: probe}, opsets)[0]
+    except Exception as exc:  # the reference evaluator's errors are generic; name the node
+        raise CompileError(f"node {name!r} ({node.op_type}): could not be evaluated per sample "
+                           f"(is the batch dimension dynamic?): {exc}") from exc
+    rows = out.reshape(n + 1, -1)
+    bias = rows[n]
+    matrix = (rows[:n] - bias).T  # (F_out, F_in)
+    if not np.allclose(check.reshape(-1), matrix @ probe.reshape(-1) + bias, rtol=1e-6, atol=1e-8):
+        raise CompileError(f"node {name!r} ({node.op_type}) is not affine in its input; "
+                           "only polynomial ops are supported in encrypted inference")
+    return x.then(matrix, bias, tuple(out.shape[1:]))
+
+
+def _run(node: onnx.NodeProto, feeds: dict[str, np.ndarray], opsets: list[onnx.OperatorSetIdProto]) -> list[np.ndarray]:
+    """Evaluate one standard node with the pure-numpy ONNX reference evaluator."""
+    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), None) for k, v in feeds.items()]
+    outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output]
+    model = helper.make_model(helper.make_graph([node], "node", inputs, outputs),
+                              opset_imports=[o for o in opsets if o.domain in ("", "ai.onnx")])
+    return ReferenceEvaluator(model).run(None, feeds)

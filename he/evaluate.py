@@ -1,0 +1,257 @@
+"""Server side: run a :class:`~veil.he.plan.Plan` on ciphertexts with SEAL (``tenseal.sealapi``).
+
+Every weight plaintext is encoded once, at construction, at the level where it is used. Scales are kept
+exact: a weight used at level l is encoded at scale q_l (the prime the next rescale drops), so a product
+with a ciphertext at scale Delta rescales back to exactly Delta; after a ct x ct product the scale
+(Delta^2 / q_l, within about 1e-7 relative of Delta at 40-bit primes) is reset to Delta.
+
+Example:
+    >>> evaluator = PlanEvaluator(plan, plan.parameters())
+    >>> out = evaluator.run(keyring.encrypt(plan.encode_inputs(x)), keyring.evaluation_keys())
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tenseal.sealapi as sa
+from veil.he.errors import MismatchError
+from veil.he.packing import baby_size, diagonals, tile
+from veil.he.plan import Plan
+
+Ct = sa.Ciphertext
+
+
+class Chain:
+    """The SEAL objects of one parameter set, indexed by level (rescalings consumed)."""
+
+    def __init__(self, params) -> None:
+        self.params, self.ctx = params, params.seal_context()
+        self.evaluator, self.encoder = sa.Evaluator(self.ctx), sa.CKKSEncoder(self.ctx)
+        self.scale, self.slots = params.scale, params.slots
+        data, self.parms, self.primes = self.ctx.first_context_data(), [], []
+        while data is not None:
+            self.parms.append(data.parms_id())
+            self.primes.append(float(data.parms().coeff_modulus()[-1].value()))
+            data = data.next_context_data()
+
+    def encode(self, values: np.ndarray | float, level: int, scale: float) -> sa.Plaintext:
+        pt = sa.Plaintext()
+        if np.ndim(values) == 0:
+            self.encoder.encode(float(values), self.parms[level], scale, pt)
+        else:
+            self.encoder.encode(np.asarray(values, dtype=np.float64).tolist(), self.parms[level], scale, pt)
+        return pt
+
+    def at(self, ct: Ct, level: int) -> Ct:
+        """``ct`` moved down to ``level`` (a copy when it moves; itself when already there)."""
+        if self.level_of(ct) == level:
+            return ct
+        out = Ct()
+        self.evaluator.mod_switch_to(ct, self.parms[level], out)
+        return out
+
+    def level_of(self, ct: Ct) -> int:
+        return len(self.parms) - 1 - self.ctx.get_context_data(ct.parms_id()).chain_index()
+
+    def rescale(self, ct: Ct) -> Ct:
+        self.evaluator.rescale_to_next_inplace(ct)
+        ct.scale = self.scale
+        return ct
+
+    def product(self, a: Ct, b: Ct, relin: sa.RelinKeys) -> Ct:
+        out = Ct()
+        if a is b:
+            self.evaluator.square(a, out)
+        else:
+            self.evaluator.multiply(a, b, out)
+        self.evaluator.relinearize_inplace(out, relin)
+        return self.rescale(out)
+
+
+class PlanEvaluator:
+    """Pre-encodes a plan's weights for ``params`` and runs it on ciphertexts.
+
+    Args:
+        plan: the compiled plan.
+        params: CkksParameters with at least ``plan.levels`` levels and the plan's slot period.
+    """
+
+    def __init__(self, plan: Plan, params) -> None:
+        if params.levels < plan.levels:
+            raise MismatchError(f"PlanEvaluator: the plan needs {plan.levels} levels, params offer {params.levels}")
+        self.plan, self.chain = plan, Chain(params)
+        self.period = int(plan.spec["period"])
+        if plan.mode == "latency" and (self.period > self.chain.slots or self.chain.slots % self.period):
+            raise MismatchError(f"PlanEvaluator: latency period {self.period} does not divide {self.chain.slots} slots")
+        self.encoded = [self._prepare(op) for op in plan.ops]
+
+    # -- construction ----------------------------------------------------------------------------------
+    def _prepare(self, op: dict[str, Any]) -> Any:
+        chain, level = self.chain, op["level"]
+        latency = self.plan.mode == "latency"
+        if op["op"] == "add_const":
+            const = self.plan.tensors[op["const"]]
+            if latency:
+                return chain.encode(tile(const, self.period, chain.slots), level, chain.scale)
+            return [chain.encode(float(c), level, chain.scale) for c in const]
+        if op["op"] != "linear":
+            return None
+        q = chain.primes[level - 1]
+        biases = [self.plan.tensors[b] for b in op["biases"]]
+        if not latency:  # scalar weights are encoded at run time (N * L words each; see docs/he.md)
+            return [[chain.encode(float(c), level - 1, chain.scale * q) for c in bias] for bias in biases]
+        b = baby_size(self.period)
+        outputs = []
+        for row, bias in zip(op["weights"], biases, strict=True):
+            terms = []  # (input index, baby step, giant step, plaintext)
+            for k, name in enumerate(row):
+                for i, diag in diagonals(self.plan.tensors[name], self.period).items():
+                    g = (i // b) * b
+                    terms.append((k, i % b, g, chain.encode(tile(np.roll(diag, g), self.period, chain.slots),
+                                                            level - 1, q)))
+            if not terms:
+                raise MismatchError(f"PlanEvaluator: op at node {op['node']!r} has an output with no weights")
+            outputs.append((terms, chain.encode(tile(bias, self.period, chain.slots), level - 1, chain.scale * q)))
+        return outputs
+
+    # -- run ---------------------------------------------------------------------------------------------
+    def run(self, cts: list[Ct], eval_keys) -> list[Ct]:
+        """Evaluate the plan. Latency: one ciphertext per sample in and out. Throughput: one per feature.
+
+        Raises:
+            MismatchError: wrong ciphertext count, parameters, level or scale.
+        """
+        if self.plan.mode == "latency":
+            return [self._run_one([ct], eval_keys)[0] for ct in cts]
+        features = self.plan.spec["inputs"][0]["features"]
+        if len(cts) != features:
+            raise MismatchError(f"run: throughput mode expects one ciphertext per input feature ({features}), "
+                                f"received {len(cts)}")
+        return self._run_one(cts, eval_keys)
+
+    def _run_one(self, cts: list[Ct], keys) -> list[Ct]:
+        chain = self.chain
+        for ct in cts:
+            if ct.parms_id() != chain.parms[0] or abs(ct.scale / chain.scale - 1) > 1e-9:
+                raise MismatchError("run: expected fresh ciphertexts at the first level and scale "
+                                    f"2^{chain.params.scale_bits} of the plan's parameters")
+        values: dict[str, Any] = {self.plan.spec["inputs"][0]["value"]: cts if self.plan.mode == "throughput" else cts[0]}
+        kernel = self._latency if self.plan.mode == "latency" else self._throughput
+        for op, encoded in zip(self.plan.ops, self.encoded, strict=True):
+            outs = kernel(op, [values[v] for v in op["inputs"]], encoded, keys)
+            values.update(zip(op["outputs"], outs, strict=True))
+        result = values[self.plan.spec["outputs"][0]["value"]]
+        last = len(chain.parms) - 1
+        return [chain.at(ct, last) for ct in (result if isinstance(result, list) else [result])]
+
+    def _latency(self, op: dict[str, Any], xs: list[Ct], encoded: Any, keys) -> list[Ct]:
+        chain, ev, level = self.chain, self.chain.evaluator, op["level"]
+        kind = op["op"]
+        if kind == "linear":
+            return _bsgs(chain, [chain.at(x, level - 1) for x in xs], encoded, keys.galois)
+        if kind == "mul":
+            a, b = (chain.at(x, level - 1) for x in xs)
+            return [chain.product(a, a if xs[0] is xs[1] else b, keys.relin)]
+        if kind == "add":
+            out = Ct()
+            ev.add(chain.at(xs[0], level), chain.at(xs[1], level), out)
+            return [out]
+        if kind == "add_const":
+            out = Ct()
+            ev.add_plain(chain.at(xs[0], level), encoded, out)
+            return [out]
+        x = chain.at(xs[0], level - 1)  # sumsq: square, then rotate-and-add over the period
+        total = chain.product(x, x, keys.relin)
+        step, rotated = 1, Ct()
+        while step < self.period:
+            ev.rotate_vector(total, step, keys.galois, rotated)
+            ev.add_inplace(total, rotated)
+            step *= 2
+        return [total]
+
+    def _throughput(self, op: dict[str, Any], xs: list[list[Ct]], encoded: Any, keys) -> list[list[Ct]]:
+        chain, ev, level = self.chain, self.chain.evaluator, op["level"]
+        kind = op["op"]
+        if kind == "linear":
+            return _scalar_linear(chain, self.plan, op, [[chain.at(c, level - 1) for c in x] for x in xs], encoded)
+        if kind == "mul":
+            a, b = ([chain.at(c, level - 1) for c in x] for x in xs)
+            n = max(len(a), len(b))
+            return [[chain.product(a[j % len(a)], b[j % len(b)], keys.relin) for j in range(n)]]
+        if kind in ("add", "add_const"):
+            a = [chain.at(c, level) for c in xs[0]]
+            others = [chain.at(c, level) for c in xs[1]] if kind == "add" else encoded
+            out = []
+            for j in range(max(len(a), len(others))):
+                ct = Ct()
+                (ev.add if kind == "add" else ev.add_plain)(a[j % len(a)], others[j % len(others)], ct)
+                out.append(ct)
+            return [out]
+        total = None  # sumsq: sum the degree-2 squares first, relinearize and rescale once
+        for c in xs[0]:
+            sq = Ct()
+            ev.square(chain.at(c, level - 1), sq)
+            total = _accumulate(ev, total, sq)
+        ev.relinearize_inplace(total, keys.relin)
+        return [[chain.rescale(total)]]
+
+
+def _rotated(ev: sa.Evaluator, ct: Ct, step: int, galois: sa.GaloisKeys) -> Ct:
+    out = Ct()
+    ev.rotate_vector(ct, step, galois, out)
+    return out
+
+
+def _accumulate(ev: sa.Evaluator, total: Ct | None, term: Ct) -> Ct:
+    """``total + term`` in place (``term`` when there is no total yet)."""
+    if total is None:
+        return term
+    ev.add_inplace(total, term)
+    return total
+
+
+def _bsgs(chain: Chain, xs: list[Ct], outputs: list, galois: sa.GaloisKeys) -> list[Ct]:
+    """Baby-step/giant-step diagonal products for every output of one linear op (rotations shared)."""
+    ev = chain.evaluator
+    babies: dict[tuple[int, int], Ct] = {}
+    results = []
+    for terms, bias in outputs:
+        giants: dict[int, Ct] = {}
+        for k, b, g, pt in terms:
+            if (k, b) not in babies:
+                babies[k, b] = xs[k] if b == 0 else _rotated(ev, xs[k], b, galois)
+            term = Ct()
+            ev.multiply_plain(babies[k, b], pt, term)
+            giants[g] = _accumulate(ev, giants.get(g), term)
+        total = giants.pop(0, None)
+        for g, partial in giants.items():
+            ev.rotate_vector_inplace(partial, g, galois)
+            total = _accumulate(ev, total, partial)
+        ev.add_plain_inplace(total, bias)
+        results.append(chain.rescale(total))
+    return results
+
+
+def _scalar_linear(chain: Chain, plan: Plan, op: dict[str, Any], xs: list[list[Ct]], biases: list) -> list[list[Ct]]:
+    """Throughput linear op: per output feature, a plaintext-scalar multiply-add over input features."""
+    ev, level = chain.evaluator, op["level"] - 1
+    q = chain.primes[level]
+    outs = []
+    for row, bias in zip(op["weights"], biases, strict=True):
+        mats = [plan.tensors[name] for name in row]
+        feature_cts = []
+        for j in range(len(bias)):
+            total = None
+            for x, mat in zip(xs, mats, strict=True):
+                for i in np.flatnonzero(mat[j]):
+                    term = Ct()
+                    ev.multiply_plain(x[i], chain.encode(float(mat[j, i]), level, q), term)
+                    total = _accumulate(ev, total, term)
+            if total is None:
+                raise MismatchError(f"run: output feature {j} of node {op['node']!r} has no weights")
+            ev.add_plain_inplace(total, bias[j])
+            feature_cts.append(chain.rescale(total))
+        outs.append(feature_cts)
+    return outs

@@ -1,0 +1,190 @@
+"""Lowering of folded affine maps, PolyNorm and PolyAct into plan ops, with level accounting.
+
+Linear ONNX nodes are never emitted one by one: a tensor is kept as a pending :class:`Affine`
+``sum_v A_v @ value_v + b`` over materialized values, and consecutive linear nodes compose into it. A
+nonlinear op materializes its input as one ``linear`` op (1 level). Constant factors that must sit on a
+product are pushed into the producer of a value (a *twin*, see :meth:`Builder.twin`) instead of costing
+a plaintext multiply. Costs after the input's linear op (he.md §1.7):
+
+    PolyNorm          3 levels: s^2 summed, (sqrt(a) mu v - sqrt(a) b)^2, (x - E[x]) * g; gain and bias stay pending
+    PolyAct degree 1  0 levels  (leading coefficient folded into the producer)
+    PolyAct degree 2  1 level   y * (q2 y + q1) + q0, with q2 y a twin of y
+    PolyAct degree 3  2 levels  y^2 * (q3 y + q2) + (q1 y + q0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Affine:
+    """A pending tensor ``sum_v terms[v] @ value_v + bias`` of per-sample shape ``shape``."""
+
+    terms: dict[str, np.ndarray]  # value name -> (F_out, F_value)
+    bias: np.ndarray  # (F_out,)
+    shape: tuple[int, ...]
+
+    @property
+    def features(self) -> int:
+        return int(self.bias.shape[0])
+
+    def then(self, matrix: np.ndarray, bias: np.ndarray, shape: tuple[int, ...]) -> Affine:
+        """Compose with the affine map ``z -> matrix @ z + bias`` (shape is the new per-sample shape)."""
+        return Affine({v: matrix @ a for v, a in self.terms.items()}, matrix @ self.bias + bias, shape)
+
+    def plus(self, other: Affine) -> Affine:
+        terms = dict(self.terms)
+        for v, a in other.terms.items():
+            terms[v] = terms[v] + a if v in terms else a
+        return Affine(terms, self.bias + other.bias, self.shape)
+
+    def diagonal(self) -> tuple[str, np.ndarray] | None:
+        """(value, gain) when this is ``gain * value + bias`` elementwise over one value, else None."""
+        if len(self.terms) != 1:
+            return None
+        (value, a), = self.terms.items()
+        if a.shape[0] != a.shape[1] or np.count_nonzero(a - np.diag(np.diag(a))):
+            return None
+        return value, np.diag(a).copy()
+
+
+class Builder:
+    """Accumulates plan ops, values and tensors while the compiler walks the graph."""
+
+    def __init__(self) -> None:
+        self.ops: list[dict[str, Any]] = []
+        self.values: dict[str, dict[str, int]] = {}
+        self.tensors: dict[str, np.ndarray] = {}
+        self.producer: dict[str, dict[str, Any]] = {}
+
+    # -- values and ops -------------------------------------------------------------------------------
+    def new_value(self, features: int, level: int) -> str:
+        name = f"v{len(self.values)}"
+        self.values[name] = {"features": features, "level": level}
+        return name
+
+    def tensor(self, array: np.ndarray) -> str:
+        name = f"t{len(self.tensors)}"
+        self.tensors[name] = np.asarray(array, dtype=np.float64)
+        return name
+
+    def level(self, value: str) -> int:
+        return self.values[value]["level"]
+
+    def input(self, features: int) -> str:
+        return self.new_value(features, 0)
+
+    def _emit(self, op: str, inputs: list[str], features: int, level: int, node: str, **extra: Any) -> str:
+        out = self.new_value(features, level)
+        record = {"op": op, "inputs": inputs, "outputs": [out], "level": level, "node": node, **extra}
+        self.ops.append(record)
+        self.producer[out] = record
+        return out
+
+    def linear(self, expr: Affine, node: str) -> str:
+        """Materialize ``expr`` (1 level), or return its value when it is the identity on one value."""
+        if len(expr.terms) == 1:
+            (value, a), = expr.terms.items()
+            if a.shape[0] == a.shape[1] and np.array_equal(a, np.eye(len(a))) and not np.any(expr.bias):
+                return value
+        inputs = sorted(expr.terms)
+        level = max((self.level(v) for v in inputs), default=0) + 1
+        return self._emit("linear", inputs, expr.features, level, node,
+                          weights=[[self.tensor(expr.terms[v]) for v in inputs]], biases=[self.tensor(expr.bias)])
+
+    def mul(self, a: str, b: str, node: str) -> str:
+        features = max(self.values[a]["features"], self.values[b]["features"])
+        return self._emit("mul", [a, b], features, max(self.level(a), self.level(b)) + 1, node)
+
+    def add(self, a: str, b: str, node: str) -> str:
+        features = max(self.values[a]["features"], self.values[b]["features"])
+        return self._emit("add", [a, b], features, max(self.level(a), self.level(b)), node)
+
+    def add_const(self, a: str, const: np.ndarray, node: str) -> str:
+        return self._emit("add_const", [a], self.values[a]["features"], self.level(a), node,
+                          const=self.tensor(np.atleast_1d(const)))
+
+    def sumsq(self, a: str, node: str) -> str:
+        return self._emit("sumsq", [a], 1, self.level(a) + 1, node)
+
+    # -- folding --------------------------------------------------------------------------------------
+    def twin(self, value: str, gain: np.ndarray, node: str) -> str:
+        """A value equal to ``gain * value`` (elementwise) at the same level where possible.
+
+        linear: one more output of the same op; mul: the twin of its non-broadcast factor times the other;
+        add / add_const: twins of the summands. Anything else pays a diagonal linear op (1 level).
+        """
+        op = self.producer.get(value)
+        kind = op["op"] if op else "input"
+        if kind == "linear":
+            k = op["outputs"].index(value)
+            weights = [self.tensor(gain[:, None] * self.tensors[t]) for t in op["weights"][k]]
+            out = self.new_value(len(gain), op["level"])
+            op["outputs"].append(out)
+            op["weights"].append(weights)
+            op["biases"].append(self.tensor(gain * self.tensors[op["biases"][k]]))
+            self.producer[out] = op
+            return out
+        if kind == "mul":
+            a, b = op["inputs"]
+            if self.values[a]["features"] == 1:
+                a, b = b, a
+            return self.mul(self.twin(a, gain, node), b, node)
+        if kind == "add":
+            return self.add(*(self.twin(v, gain, node) for v in op["inputs"]), node)
+        if kind == "add_const" and self.values[op["inputs"][0]]["features"] == len(gain):
+            return self.add_const(self.twin(op["inputs"][0], gain, node), gain * self.tensors[op["const"]], node)
+        n = len(gain)
+        return self.linear(Affine({value: np.diag(gain)}, np.zeros(n), (n,)), node)
+
+    def polynorm(self, expr: Affine, weight: np.ndarray, bias: np.ndarray, attrs: dict[str, float],
+                 node: str) -> Affine:
+        """PolyNorm over all features of ``expr`` (3 levels after its linear op); the output gain stays pending."""
+        a, b, c, mu, rv = (attrs[k] for k in ("a", "b", "c", "mu", "running_var"))
+        if a <= 0 or rv <= 0:
+            raise ValueError(f"PolyNorm node {node!r}: expected a > 0 and running_var > 0, received a={a}, "
+                             f"running_var={rv}")
+        n = expr.features
+        centre = np.eye(n) - np.full((n, n), 1.0 / n)  # x - E[x]
+        d = self.linear(expr.then(centre, np.zeros(n), expr.shape), node)
+        kappa = math.sqrt(math.sqrt(a) * mu / (n * rv))  # sum (kappa d)^2 = sqrt(a) mu Var / Var_bar
+        u = self.sumsq(self.twin(d, np.full(n, kappa), node), node)
+        t = self.add_const(u, np.array([-math.sqrt(a) * b]), node)  # sqrt(a) (mu v - b)
+        g = self.add_const(self.mul(t, t, node), np.array([c]), node)  # a (mu v - b)^2 + c
+        y = self.mul(d, g, node)
+        gain = math.sqrt(mu / rv) * weight
+        return Affine({y: np.diag(gain)}, bias.astype(np.float64), expr.shape)
+
+    def polyact(self, expr: Affine, coeffs: np.ndarray, node: str) -> str:
+        """sum_i coeffs[i] * x^i elementwise; coeffs (n + 1, F). A pending diagonal affine folds in."""
+        degree = len(coeffs) - 1
+        if not 1 <= degree <= 3:
+            raise ValueError(f"PolyAct node {node!r}: expected degree 1..3, received {degree}")
+        diag = expr.diagonal()
+        if diag is None:
+            y, q = self.linear(expr, node), coeffs
+        else:
+            y, gain = diag
+            q = _substitute(coeffs, gain, expr.bias)
+        if degree == 1:
+            return self.add_const(self.twin(y, q[1], node), q[0], node)
+        lead = self.add_const(self.twin(y, q[degree], node), q[degree - 1], node)  # q_n y + q_{n-1}
+        if degree == 2:
+            return self.add_const(self.mul(y, lead, node), q[0], node)
+        cubic = self.mul(self.mul(y, y, node), lead, node)
+        return self.add(cubic, self.add_const(self.twin(y, q[1], node), q[0], node), node)
+
+
+def _substitute(coeffs: np.ndarray, gain: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """Coefficients of p(gain * y + shift) in y, per feature: q_k = sum_i c_i C(i, k) gain^k shift^(i-k)."""
+    n = len(coeffs) - 1
+    q = np.zeros_like(coeffs, dtype=np.float64)
+    for i in range(n + 1):
+        for k in range(i + 1):
+            q[k] += coeffs[i] * math.comb(i, k) * gain**k * shift ** (i - k)
+    return q

@@ -1,0 +1,158 @@
+"""The compiled HE program: ``plan.json`` (ops, values, levels, packing, key manifest) + ``plan.safetensors``.
+
+A plan is a straight-line program over *values* (one ciphertext per sample in latency mode, one
+ciphertext per feature in throughput mode). Its ops, in topological order:
+
+    linear     outputs[k] = sum_i weights[k][i] @ inputs[i] + biases[k]   (1 level, plaintext weights)
+    mul        output = inputs[0] * inputs[1]                                (1 level, ct x ct)
+    add        output = inputs[0] + inputs[1]                                (0 levels)
+    add_const  output = inputs[0] + const                                   (0 levels)
+    sumsq      output = sum_j inputs[0][j]^2, one value shared by every feature (1 level)
+
+A value has ``features`` (1 = broadcast: the same number for every feature) and the ``level`` (rescalings
+consumed) it is produced at. The plan names the CKKS parameters it was compiled for, so the client
+derives the same parameters, keys (only ``galois_steps``) and slot layout from the plan alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+Mode = Literal["latency", "throughput"]
+FORMAT = "veil.he.plan/1"
+JSON_NAME, WEIGHTS_NAME = "plan.json", "plan.safetensors"
+
+
+@dataclasses.dataclass
+class Plan:
+    """A compiled HE program and its weights.
+
+    Args:
+        spec: the JSON part: format, mode, inputs/outputs ({name, value, shape, features}), values, ops,
+            levels, period (latency slot period), galois_steps, parameters, precision_bits, onnx_sha256.
+        tensors: named float64 arrays the ops refer to (matrices (out, in), bias / constant vectors).
+    """
+
+    spec: dict[str, Any]
+    tensors: dict[str, np.ndarray]
+
+    @property
+    def mode(self) -> Mode:
+        return self.spec["mode"]
+
+    @property
+    def levels(self) -> int:
+        """Rescalings the program consumes (the chain must offer at least this many)."""
+        return int(self.spec["levels"])
+
+    @property
+    def galois_steps(self) -> list[int]:
+        """The key manifest: the only rotation steps the evaluator uses (empty in throughput mode)."""
+        return list(self.spec["galois_steps"])
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        return self.spec["ops"]
+
+    @property
+    def slots(self) -> int:
+        return int(self.spec["parameters"]["poly_modulus_degree"]) // 2
+
+    def parameters(self):  # -> veil.he.params.CkksParameters
+        """The CKKS parameters the plan was compiled for."""
+        from veil.he.params import CkksParameters
+
+        return CkksParameters.from_dict(self.spec["parameters"])
+
+    def hash(self) -> str:
+        """SHA-256 over the canonical JSON and every tensor (name, dtype, shape, bytes), in name order."""
+        digest = hashlib.sha256(_canonical(self.spec).encode())
+        for name in sorted(self.tensors):
+            array = np.ascontiguousarray(self.tensors[name])
+            digest.update(f"{name}|{array.dtype.str}|{array.shape}".encode())
+            digest.update(array.tobytes())
+        return digest.hexdigest()
+
+    def save(self, folder: str | Path) -> Path:
+        """Write plan.json and plan.safetensors into ``folder`` (each via a temp file, then rename)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        _atomic_write(folder / WEIGHTS_NAME, lambda p: save_file(
+            {k: np.ascontiguousarray(v) for k, v in self.tensors.items()}, str(p)))
+        spec = {**self.spec, "plan_hash": self.hash()}
+        _atomic_write(folder / JSON_NAME, lambda p: Path(p).write_text(json.dumps(spec, indent=1, sort_keys=True)))
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Plan:
+        """Read a plan written by :meth:`save`; refuses a wrong format or a hash that does not match."""
+        folder = Path(folder)
+        spec = json.loads((folder / JSON_NAME).read_text())
+        if spec.get("format") != FORMAT:
+            raise ValueError(f"{folder / JSON_NAME}: expected format {FORMAT!r}, received {spec.get('format')!r}")
+        stored = spec.pop("plan_hash", None)
+        plan = cls(spec, dict(load_file(str(folder / WEIGHTS_NAME))))
+        if stored != plan.hash():
+            raise ValueError(f"{folder}: plan_hash expected {plan.hash()} (recomputed), received {stored}")
+        return plan
+
+    def encode_inputs(self, x: np.ndarray) -> list[np.ndarray]:
+        """Client side: the slot vectors to encrypt for a batch ``x`` of shape (B, *input shape).
+
+        Latency: one vector per sample, its features zero-padded to the period and tiled over all slots.
+        Throughput: one vector per feature, holding that feature of the B samples (B <= slots).
+        """
+        spec = self.spec["inputs"][0]
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim < 1 or tuple(x.shape[1:]) != tuple(spec["shape"]):
+            raise ValueError(f"encode_inputs: `x` expected shape (B, {', '.join(map(str, spec['shape']))}), "
+                             f"received {tuple(x.shape)}")
+        flat = x.reshape(len(x), -1)  # (B, F)
+        if self.mode == "latency":
+            period = int(self.spec["period"])
+            padded = np.zeros((len(x), period))
+            padded[:, : flat.shape[1]] = flat
+            return list(np.tile(padded, (1, self.slots // period)))  # B x (slots,)
+        if len(x) > self.slots:
+            raise ValueError(f"encode_inputs: throughput batch expected <= {self.slots} samples, received {len(x)}")
+        return list(flat.T.copy())  # F x (B,)
+
+    def decode_outputs(self, vectors: list[np.ndarray], batch: int) -> np.ndarray:
+        """Client side: decrypted slot vectors -> outputs (batch, *output shape)."""
+        spec = self.spec["outputs"][0]
+        features = int(spec["features"])
+        if self.mode == "latency":
+            if len(vectors) != batch:
+                raise ValueError(f"decode_outputs: latency mode expects one vector per sample ({batch}), "
+                                 f"received {len(vectors)}")
+            out = np.stack([np.asarray(v)[:features] for v in vectors])  # (B, F)
+        else:
+            if len(vectors) != features:
+                raise ValueError(f"decode_outputs: throughput mode expects one vector per output feature "
+                                 f"({features}), received {len(vectors)}")
+            out = np.stack([np.asarray(v)[:batch] for v in vectors], axis=1)  # (B, F)
+        return out.reshape(batch, *spec["shape"])
+
+
+def _canonical(spec: dict[str, Any]) -> str:
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
