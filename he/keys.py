@@ -172,7 +172,10 @@ class SecretKeyring:
         """Seeded relinearization + Galois keys for this keyring's steps (generated once, then cached)."""
         if self._evaluation_keys is None:
             keygen = sa.KeyGenerator(self.params.seal_context(), self._secret_key)
-            galois = seal_to_bytes(keygen.create_galois_keys(list(self.galois_steps))) if self.galois_steps else None
+            # Pass Galois elements, never steps: the bindings' list[int] overloads are ambiguous, and a list of
+            # non-negative steps is silently taken as elements (step 1 would become the identity element 1).
+            elements = [galois_element(self.params, s) for s in self.galois_steps]
+            galois = seal_to_bytes(keygen.create_galois_keys(elements)) if elements else None
             relin = seal_to_bytes(keygen.create_relin_keys())
             self._evaluation_keys = EvaluationKeys(self.params, relin, galois, self.galois_steps)
         return self._evaluation_keys

@@ -155,3 +155,18 @@ def test_ciphertexts_from_bytes_refuses_unrelinearized(ring: SecretKeyring) -> N
     sa.Evaluator(PARAMS.seal_context()).square_inplace(ct)  # 3 polynomials
     with pytest.raises(MalformedCiphertext, match="size: expected 2"):
         ciphertexts_from_bytes(PARAMS, ciphertexts_to_bytes([ct]))
+
+
+@pytest.mark.parametrize("steps", [[1], [2, 5], [-3], [1, 2, -1]])
+def test_galois_keys_rotate_by_every_requested_step(steps: list[int]) -> None:
+    # Regression: sealapi's list[int] overloads take all-non-negative steps as Galois *elements*,
+    # so [1] produced the identity key. Keys are now generated from elements.
+    ring = SecretKeyring.generate(OTHER, steps)
+    keys = EvaluationKeys.from_bytes(ring.evaluation_keys().to_bytes())
+    x = np.arange(float(OTHER.slots))
+    [ct] = ring.encrypt([x])
+    ev = sa.Evaluator(OTHER.seal_context())
+    for step in steps:
+        out = sa.Ciphertext()
+        ev.rotate_vector(ct, step, keys.galois, out)
+        assert np.max(np.abs(ring.decrypt([out])[0] - np.roll(x, -step))) < 1e-5
