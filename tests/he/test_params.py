@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -76,8 +77,12 @@ def test_select_parameters_respects_min_slots_and_precision() -> None:
 
 
 def test_select_parameters_refuses_infeasible_depth_with_a_clear_message() -> None:
-    with pytest.raises(ParameterError, match=r"needs 33 levels.*N=32768, log2 Q <= 881\) gives at most \d+ "):
+    with pytest.raises(ParameterError, match=r"needs 33 levels.*N=32768, log2 Q <= 881\) gives at most \d+ ") as err:
         select_parameters(33)
+    most = int(re.search(r"at most (\d+)", str(err.value)).group(1))
+    assert select_parameters(most).levels == most  # the message is exact, not a guess
+    with pytest.raises(ParameterError):
+        select_parameters(most + 1)
     with pytest.raises(ParameterError, match="levels"):
         select_parameters(-1)
 
