@@ -86,7 +86,8 @@ class EvaluationKeys:
         if galois_bytes is not None:
             self.galois = self._load(sa.GaloisKeys(), ctx, galois_bytes, "galois")
             missing = [s for s in self.galois_steps if not self.galois.has_key(galois_element(params, s))]
-            if missing or self.galois.size() != len(self.galois_steps):
+            distinct = len({galois_element(params, s) for s in self.galois_steps})  # -1 and slots-1 coincide
+            if missing or self.galois.size() != distinct:
                 raise MalformedKeys(f"evaluation_keys.galois: expected keys for steps {list(self.galois_steps)}, "
                                     f"received {self.galois.size()} keys (missing steps {missing})")
         elif self.galois_steps:

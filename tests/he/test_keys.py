@@ -157,7 +157,7 @@ def test_ciphertexts_from_bytes_refuses_unrelinearized(ring: SecretKeyring) -> N
         ciphertexts_from_bytes(PARAMS, ciphertexts_to_bytes([ct]))
 
 
-@pytest.mark.parametrize("steps", [[1], [2, 5], [-3], [1, 2, -1]])
+@pytest.mark.parametrize("steps", [[1], [2, 5], [-3], [1, 2, -1], [-1, 4095]])
 def test_galois_keys_rotate_by_every_requested_step(steps: list[int]) -> None:
     # Regression: sealapi's list[int] overloads take all-non-negative steps as Galois *elements*,
     # so [1] produced the identity key. Keys are now generated from elements.
