@@ -53,3 +53,13 @@ def test_export_minilm_benchmark_smoke(tmp_path) -> None:
     report = json.loads((tmp_path / "results" / "export_minilm.json").read_text())
     assert report["quality"]["ort_int8"]["mean_cosine"] > 0.98
     assert "<!-- export_minilm:begin -->" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_he_digits_benchmark_quick(tmp_path) -> None:
+    module = load("he_digits")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results" / "he_digits.json").read_text())
+    assert set(report["runs"]) == {"tenseal_baseline", "veil_latency", "veil_throughput"}
+    assert report["runs"]["veil_latency"]["max_abs_logit_error"] < 1e-2
+    assert "<!-- he_digits:begin -->" in (tmp_path / "results.md").read_text()
