@@ -11,12 +11,18 @@ import asyncio
 import copy
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import EngineError, ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
 from .metrics import Metrics
 from .models import OnnxModel
+
+if TYPE_CHECKING:
+    from veil.he.keystore import KeyStore
+
+    from .he_model import HeModel
 from .protocol import InferRequest, InferResponse
 from .repository import index, read_model
 from .runtime import RuntimeOptions
@@ -31,14 +37,25 @@ class DataPlane:
         repo: the model repository folder.
         options: server-wide runtime defaults (config.pbtxt values override them per model).
         metrics: the app's metrics (Prometheus registry and Triton statistics).
+        keystore: builds the key store of registered HE evaluation keys (called once, when first needed).
     """
 
-    def __init__(self, repo: Path, options: RuntimeOptions, metrics: Metrics) -> None:
+    def __init__(self, repo: Path, options: RuntimeOptions, metrics: Metrics,
+                 keystore: Callable[[], KeyStore] | None = None) -> None:
         if not repo.is_dir():
             raise FileNotFoundError(f"--repo: expected a model repository folder, received {str(repo)!r}")
         self.repo, self.options, self.metrics = repo, options, metrics
         self.models: dict[str, dict[str, OnnxModel]] = {}  # name -> version -> model
         self.unavailable: dict[str, str] = {}  # name -> reason (unloaded, load error)
+        self._keystore_factory, self._keystore = keystore, None
+
+    def keystore(self) -> KeyStore:
+        """The HE key store (created on first use; HE models and key registration share it)."""
+        if self._keystore is None:
+            if self._keystore_factory is None:
+                raise ModelLoadFailed("encrypted-inference models need a key store; start the server with --he-key-dir")
+            self._keystore = self._keystore_factory()
+        return self._keystore
 
     def load_all(self) -> None:
         """Load every model in the repository (at startup; a failure stops the server, as Triton does)."""
@@ -54,7 +71,12 @@ class DataPlane:
         for version, path in source.versions.items():
             # each version gets its own copy of the config: auto-complete fills it from that version's graph
             config = copy.deepcopy(source.config)
-            model = OnnxModel(config, version, path, source.manifest, self.options)
+            if config.backend == "veil_he":
+                from .he_model import HeModel
+
+                model: OnnxModel | HeModel = HeModel(config, version, path, source.manifest, self.keystore())
+            else:
+                model = OnnxModel(config, version, path, source.manifest, self.options)
             model.load(self.metrics)
             loaded[model.version] = model
         return loaded
@@ -85,8 +107,8 @@ class DataPlane:
 
     def providers(self) -> dict[str, str]:
         """``name/version`` -> the execution provider really in use."""
-        return {f"{m.name}/{m.version}": m.session.provider for versions in self.models.values()
-                for m in versions.values() if m.session is not None}
+        return {f"{m.name}/{m.version}": m.session.provider if m.session is not None else "veil_he"
+                for versions in self.models.values() for m in versions.values()}
 
     # -- inference ------------------------------------------------------------------------------------
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
@@ -106,9 +128,9 @@ class DataPlane:
             unknown = sorted(set(requested) - set(model.outputs))
             if unknown:
                 raise UnknownOutput(f"model '{name}' has no outputs {unknown}; expected {sorted(model.outputs)}")
-            feeds, batch = model.check_inputs(request.inputs)
+            feeds, batch = model.check_inputs(request.inputs, request.parameters)
             outputs, queue_ns = await model.infer(feeds, batch)
-        except EngineError:
+        except (EngineError, ValueError):  # ValueError: veil.he refusals (HEError)
             model.metrics.record_request(False, time.perf_counter_ns() - start, 0)
             raise
         model.metrics.record_request(True, time.perf_counter_ns() - start, queue_ns)

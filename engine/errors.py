@@ -145,9 +145,17 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     return error_response(500, f"internal error: {type(exc).__name__}")
 
 
+async def _he_error(_: Request, exc: Exception) -> Response:
+    """veil.he refusals (bad envelope, unknown or expired key, secret key uploaded...) carry their status."""
+    return error_response(getattr(exc, "http_status", 400), str(exc))
+
+
 def add_exception_handlers(app: FastAPI) -> None:
     """Register every handler; the ``Exception`` catch-all comes last."""
+    from veil.he.errors import HEError
+
     app.add_exception_handler(EngineError, _engine_error)
+    app.add_exception_handler(HEError, _he_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _unexpected_error)

@@ -33,7 +33,7 @@ from .dataplane import DataPlane
 from .errors import MalformedRequest, PayloadTooLarge, RepositoryApiDisabled, Unauthorized
 from .protocol import decode_request, encode_response, header_length
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "veil_he_keys"]
 
 
 def _json(content: Any, status_code: int = 200) -> Response:
@@ -44,9 +44,9 @@ def _plane(request: Request) -> DataPlane:
     return request.app.state.dataplane
 
 
-async def read_body(request: Request) -> bytes:
-    """The body, refused with 413 as soon as it passes ``max_body_bytes`` (declared or streamed)."""
-    limit = request.app.state.max_body_bytes
+async def read_body(request: Request, limit: int | None = None) -> bytes:
+    """The body, refused with 413 as soon as it passes ``limit`` (default ``max_body_bytes``; declared or streamed)."""
+    limit = request.app.state.max_body_bytes if limit is None else limit
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body: expected at most {limit} bytes (--max-body-mb), received {declared}")
@@ -164,3 +164,15 @@ async def repository_unload(request: Request, model: str) -> Response:
     await _json_body(request)
     await _plane(request).unload(model)
     return _json({})
+
+
+# -- encrypted inference --------------------------------------------------------------------------------
+async def register_he_keys(request: Request) -> Response:
+    """``POST /v2/he/keys``: a veil evaluation-key bundle (relinearization + Galois keys, no secret key)
+    -> ``{"key_id"}`` to pass as ``parameters.key_id`` on encrypted inference requests."""
+    import asyncio
+
+    store = _plane(request).keystore()
+    body = await read_body(request, limit=store.quota_bytes)  # key bundles outgrow --max-body-mb
+    key_id = await asyncio.to_thread(store.register, body)
+    return _json({"key_id": key_id, "bytes": len(body), "ttl_seconds": store.ttl_seconds})

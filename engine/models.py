@@ -107,8 +107,10 @@ class OnnxModel:
         """The full OIP shape: -1 for the batch dim (when max_batch_size > 0) and for variable dims."""
         return ([-1] if self.config.max_batch_size > 0 else []) + list(tensor.dims)
 
-    def check_inputs(self, inputs: list[InputTensor]) -> tuple[dict[str, np.ndarray], int]:
+    def check_inputs(self, inputs: list[InputTensor], parameters: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], int]:
         """Validate request inputs against the config; returns the feeds and the batch size (1 if unbatched).
+
+        ``parameters`` (the request's) are not used by ONNX models; HE models read ``key_id`` from them.
 
         Raises:
             UnknownInput, MissingInput, DatatypeMismatch, ShapeMismatch: naming the input, expected and received.

@@ -58,6 +58,7 @@ class ModelConfig:
     graph_level: int | None = None
     version_policy: dict[str, Any] = field(default_factory=lambda: {"latest": {"num_versions": 1}})
     model_filename: str = "model.onnx"
+    backend: str = "onnxruntime"  # or "veil_he": an encrypted-inference plan (plan.json)
 
     def to_triton_json(self) -> dict[str, Any]:
         """The JSON Triton returns from ``GET /v2/models/{m}/config`` (field names as in model_config.proto)."""
@@ -66,7 +67,8 @@ class ModelConfig:
                     "dims": t.dims, "is_shape_tensor": False}
 
         out: dict[str, Any] = {
-            "name": self.name, "platform": "onnxruntime_onnx", "backend": "onnxruntime",
+            "name": self.name, "platform": "veil_he" if self.backend == "veil_he" else "onnxruntime_onnx",
+            "backend": self.backend,
             "version_policy": self.version_policy, "max_batch_size": self.max_batch_size,
             "input": [tensor(t) for t in self.inputs], "output": [tensor(t) for t in self.outputs],
             "instance_group": [{"name": f"{self.name}_0", "kind": self.instance_kind, "count": self.instance_count,
@@ -119,12 +121,15 @@ def parse_config(text: str, folder_name: str) -> ModelConfig:
     if name != folder_name:
         raise ValueError(f"name: expected the folder name {folder_name!r}, received {name!r}")
     platform, backend = raw.get("platform"), raw.get("backend")
-    if platform not in (None, "onnxruntime_onnx") or backend not in (None, "onnxruntime"):
-        raise ValueError(f"platform/backend: expected 'onnxruntime_onnx'/'onnxruntime', received {platform or backend!r}")
+    if platform not in (None, "onnxruntime_onnx") or backend not in (None, "onnxruntime", "veil_he"):
+        raise ValueError(f"platform/backend: expected 'onnxruntime_onnx'/'onnxruntime' or backend 'veil_he', "
+                         f"received {platform or backend!r}")
+    he = backend == "veil_he"
     config = ModelConfig(name=name, max_batch_size=_int(raw, "max_batch_size", 0, ""),
                          inputs=[_tensor(m, "input") for m in _repeated(raw, "input")],
                          outputs=[_tensor(m, "output") for m in _repeated(raw, "output")],
-                         model_filename=str(raw.get("default_model_filename", "model.onnx")))
+                         model_filename=str(raw.get("default_model_filename", "plan.json" if he else "model.onnx")),
+                         backend=str(backend or "onnxruntime"))
     if "dynamic_batching" in raw:
         block = raw["dynamic_batching"]
         policy = block.get("default_queue_policy", {})

@@ -62,6 +62,9 @@ class ServerConfig(Config):
     graph_optimization: Literal["disable", "basic", "extended", "all"] = field(
         "all", "ONNX Runtime graph optimization level (config.pbtxt optimization.graph.level overrides)")
     graceful_timeout_s: float = field(30.0, "seconds shutdown waits for in-flight requests")
+    he_key_dir: str = field("", "where registered HE evaluation keys are stored (default: <repo>/.he-keys)")
+    he_key_quota_mb: float = field(2048.0, "disk quota for registered HE evaluation keys, MiB")
+    he_key_ttl_s: float = field(86400.0, "seconds a registered HE key stays valid")
 
     def validate(self) -> None:
         if not self.repo:
@@ -77,6 +80,13 @@ class ServerConfig(Config):
                               graph_level=self.graph_optimization)
 
 
+def _keystore(config: ServerConfig):  # -> veil.he.keystore.KeyStore
+    from veil.he.keystore import KeyStore
+
+    root = Path(config.he_key_dir) if config.he_key_dir else Path(config.repo) / ".he-keys"
+    return KeyStore(root, quota_bytes=int(config.he_key_quota_mb * 2**20), ttl_seconds=config.he_key_ttl_s)
+
+
 def create_app(config: ServerConfig) -> FastAPI:
     """Load every model of ``config.repo`` (warm-up included) and return the app serving them.
 
@@ -86,7 +96,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     """
     logging.getLogger("veil.engine").setLevel(config.log_level.upper())
     metrics = Metrics()
-    plane = DataPlane(Path(config.repo), config.runtime_options(), metrics)
+    plane = DataPlane(Path(config.repo), config.runtime_options(), metrics, keystore=lambda: _keystore(config))
     plane.load_all()
 
     @contextlib.asynccontextmanager
@@ -116,6 +126,7 @@ def add_routes(app: FastAPI) -> None:
         app.add_api_route(base + "/infer", http.infer, methods=["POST"])
         app.add_api_route(base + "/config", http.model_config, methods=["GET"])
         app.add_api_route(base + "/stats", http.model_stats, methods=["GET"])
+    app.add_api_route("/v2/he/keys", http.register_he_keys, methods=["POST"])
     app.add_api_route("/v2/repository/index", http.repository_index, methods=["POST"])
     app.add_api_route("/v2/repository/models/{model}/load", http.repository_load, methods=["POST"])
     app.add_api_route("/v2/repository/models/{model}/unload", http.repository_unload, methods=["POST"])

@@ -1,0 +1,127 @@
+"""An encrypted-inference model version: a compiled HE plan served as an OIP v2 model.
+
+Request: one BYTES input ``ciphertext`` (shape [1]) holding a veil envelope (kind "request") of the
+client's ciphertexts, and ``parameters.key_id`` naming evaluation keys registered with ``POST /v2/he/keys``.
+Response: one BYTES output ``ciphertext``, an envelope (kind "result") the client decrypts. The server
+holds no secret key and never sees data or results; it checks the envelope's key id, parameter hash and
+plan hash, the keys' parameters and rotation steps, and every ciphertext's parameters, level and scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from veil.he.envelope import open_envelope, seal_envelope
+from veil.he.errors import MismatchError
+from veil.he.evaluate import PlanEvaluator
+from veil.he.keystore import KeyStore
+from veil.he.params import describe
+from veil.he.plan import Plan
+from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
+
+from .errors import DatatypeMismatch, MissingInput, ModelLoadFailed, ShapeMismatch, UnknownInput
+from .metrics import Metrics, ModelMetrics
+from .protocol import InputTensor
+from .repository import ModelConfig, TensorConfig
+
+logger = logging.getLogger("veil.engine")
+CIPHERTEXT = "ciphertext"
+
+
+class HeModel:
+    """A ``backend: "veil_he"`` model: a plan, its pre-encoded weights and the server's key store.
+
+    Args:
+        config: the model's config.pbtxt (one BYTES input and output named ``ciphertext``).
+        version: the version folder number.
+        path: the version's ``plan.json``.
+        manifest: veil.json (kind "he-plan").
+        keystore: the server-wide store of registered evaluation keys.
+    """
+
+    def __init__(self, config: ModelConfig, version: int, path: Path, manifest: dict[str, Any] | None,
+                 keystore: KeyStore) -> None:
+        self.config, self.name, self.version, self.path = config, config.name, str(version), path
+        self.manifest, self.keystore = manifest, keystore
+        self.ready, self.session, self.scheduler = False, None, None  # no ORT session, no batcher
+        self.metrics: ModelMetrics | None = None
+        self.inputs = {CIPHERTEXT: TensorConfig(CIPHERTEXT, "BYTES", [1])}
+        self.outputs = {CIPHERTEXT: TensorConfig(CIPHERTEXT, "BYTES", [1])}
+
+    def load(self, metrics: Metrics) -> None:
+        """Read and verify the plan, encode its weights once; then ready."""
+        try:
+            self.plan = Plan.load(self.path.parent)
+            self.params = self.plan.parameters()
+            self.evaluator = PlanEvaluator(self.plan, self.params)  # weights encoded here, not per call
+        except (OSError, ValueError) as exc:
+            raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path.parent}: {exc}") from None
+        self.plan_hash, self.params_hash = self.plan.hash(), self.params.hash()
+        self.metrics = metrics.for_model(self.name, self.version, "veil_he", "veil_he")
+        self.ready = True
+        logger.info("HE model '%s' version %s ready (%s mode, N=%d, %d levels)", self.name, self.version,
+                    self.plan.mode, self.params.poly_modulus_degree, self.plan.levels)
+
+    def check_inputs(self, inputs: list[InputTensor], parameters: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
+        """One BYTES ``ciphertext`` of shape [1] and a string ``parameters.key_id``."""
+        key_id = (parameters or {}).get("key_id")
+        if not isinstance(key_id, str) or not key_id:
+            raise MissingInput(f"model '{self.name}': parameters.key_id expected the id returned by POST /v2/he/keys, "
+                               f"received {key_id!r}")
+        feeds = {}
+        for tensor in inputs:
+            if tensor.name != CIPHERTEXT:
+                raise UnknownInput(f"model '{self.name}' has no input '{tensor.name}'; expected ['{CIPHERTEXT}']")
+            if tensor.datatype != "BYTES":
+                raise DatatypeMismatch(f"input '{CIPHERTEXT}': datatype expected BYTES, received {tensor.datatype}")
+            if list(tensor.shape) != [1]:
+                raise ShapeMismatch(f"input '{CIPHERTEXT}': shape expected [1] (one envelope), received {tensor.shape}")
+            feeds[CIPHERTEXT] = bytes(tensor.data.reshape(-1)[0])
+        if CIPHERTEXT not in feeds:
+            raise MissingInput(f"model '{self.name}': missing inputs ['{CIPHERTEXT}']")
+        return {**feeds, "key_id": key_id}, 1
+
+    async def infer(self, feeds: dict[str, Any], batch: int) -> tuple[dict[str, np.ndarray], int]:
+        """Evaluate the plan on the request's ciphertexts in a worker thread (SEAL releases the GIL)."""
+        return {CIPHERTEXT: np.array([await asyncio.to_thread(self._evaluate, feeds)], dtype=object)}, 0
+
+    def _evaluate(self, feeds: dict[str, Any]) -> bytes:
+        key_id = feeds["key_id"]
+        envelope = open_envelope(feeds[CIPHERTEXT], expect_kind="request", expect_key_id=key_id,
+                                 expect_params_hash=self.params_hash, expect_plan_hash=self.plan_hash)
+        keys = self.keystore.get(key_id)
+        if keys.params.hash() != self.params_hash:
+            raise MismatchError(f"key_id {key_id}: keys were made for parameters {keys.params.hash()[:12]}, "
+                                f"model '{self.name}' expects {self.params_hash[:12]}")
+        missing = sorted(set(self.plan.galois_steps) - set(keys.galois_steps))
+        if missing:
+            raise MismatchError(f"key_id {key_id}: Galois keys for steps {missing} are missing (the key manifest "
+                                f"of model '{self.name}' is {self.plan.galois_steps})")
+        start = time.perf_counter()
+        result = self.evaluator.run(ciphertexts_from_bytes(self.params, envelope.payload), keys)
+        payload = ciphertexts_to_bytes(result)
+        return seal_envelope(payload, kind="result", key_id=key_id, params_hash=self.params_hash,
+                             plan_hash=self.plan_hash, meta={"server_seconds": round(time.perf_counter() - start, 6),
+                                                             "ciphertexts": len(result),
+                                                             "batch": envelope.meta.get("batch")})
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        """OIP metadata plus what a client needs: parameters, key manifest, hashes and the plan's layout."""
+        client_plan = {k: v for k, v in self.plan.spec.items() if k not in ("values", "ops")}
+        return {"name": self.name, "versions": versions, "platform": "veil_he",
+                "inputs": [{"name": CIPHERTEXT, "datatype": "BYTES", "shape": [1]}],
+                "outputs": [{"name": CIPHERTEXT, "datatype": "BYTES", "shape": [1]}],
+                "parameters": {"he": {"mode": self.plan.mode, "levels": self.plan.levels,
+                                      "parameters": self.params.to_dict(), "params_hash": self.params_hash,
+                                      "plan_hash": self.plan_hash, "galois_steps": self.plan.galois_steps,
+                                      "describe": describe(self.params, self.plan.galois_steps),
+                                      "plan": client_plan},
+                               "veil": self.manifest}}
+
+    async def unload(self) -> None:
+        self.ready = False

@@ -1,0 +1,77 @@
+"""Export a ULD-Net checkpoint as an encrypted-inference model: ONNX -> HE plan in the model repository.
+
+    <repo>/<name>/config.pbtxt     backend "veil_he": BYTES ciphertext envelope in, BYTES envelope out
+    <repo>/<name>/1/plan.json      the compiled program (ops, levels, CKKS parameters, key manifest)
+    <repo>/<name>/1/plan.safetensors   its plaintext weights
+    <repo>/<name>/veil.json        kind "he-plan", parameters and their hash, plan hash, key manifest, source
+
+The ONNX graph is the one ``veil export onnx`` validates against PyTorch; the plan is compiled from it, so
+plaintext and encrypted inference are the same function by construction.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from veil.he.compile import compile as compile_plan
+from veil.he.params import describe
+from veil.training.checkpoint import checkpoint_hash
+from veil.training.uldnet import load_uldnet
+
+from veil.config import write_atomic
+
+from .onnx_export import export_graph
+from .repository import NAME_PATTERN
+from .swap import ExportError
+
+CONFIG = """name: "{name}"
+backend: "veil_he"
+default_model_filename: "plan.json"
+max_batch_size: 0
+input [ {{ name: "ciphertext" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "ciphertext" data_type: TYPE_STRING dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+
+def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "latency", version: int = 1,
+              precision_bits: int = 20) -> dict[str, Any]:
+    """Compile a ULD-Net checkpoint into an HE plan and write it into ``repo``; returns the manifest."""
+    if not NAME_PATTERN.match(name):
+        raise ExportError(f"--name: expected letters, digits, '_', '.', '-', received {name!r}")
+    model, config = load_uldnet(checkpoint)
+    shape = list(config["model"]["input_shape"])
+    graph = export_graph(model, (torch.randn(4, *shape),), ["x"], ["logits"], {"x": {0: "batch"}})
+    plan = compile_plan(graph.model, mode=mode, precision_bits=precision_bits)  # type: ignore[arg-type]
+    params = plan.parameters()
+    model_dir = Path(repo) / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=model_dir, prefix=f".{version}."))
+    try:
+        plan.save(tmp)
+        final, old = model_dir / str(version), model_dir / f".{version}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    manifest = {
+        "format": 1, "name": name, "version": version, "kind": "he-plan", "mode": mode,
+        "classes": config["data"]["classes"], "input_shape": shape, "levels": plan.levels,
+        "parameters": params.to_dict(), "params_hash": params.hash(), "plan_hash": plan.hash(),
+        "galois_steps": plan.galois_steps, "describe": describe(params, plan.galois_steps),
+        "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
+        "export": graph.info,
+    }
+    import json
+
+    write_atomic(model_dir / "veil.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    write_atomic(model_dir / "config.pbtxt", CONFIG.format(name=name))
+    return manifest
