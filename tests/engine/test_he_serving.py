@@ -90,9 +90,9 @@ def test_refusals_keep_the_server_serving(live, tmp_path) -> None:
     request = session.encrypt(np.zeros((1, 6), np.float32))
     other = HeSession.create(live, "tiny-he-batch", tmp_path / "o.keyring")
     unknown = HeSession(session.url, session.model, "0" * 64, session.keyring, session.he)
-    with pytest.raises(ServerError, match="HTTP 404.*key"):  # a key id nobody registered
+    with pytest.raises(ServerError, match=r"HTTP 404.*key"):  # a key id nobody registered
         unknown.infer(unknown.encrypt(np.zeros((1, 6), np.float32)))
-    with pytest.raises(ServerError, match="HTTP 400.*plan_hash"):  # an envelope for another model
+    with pytest.raises(ServerError, match=r"HTTP 400.*plan_hash"):  # an envelope for another model
         HeSession(session.url, "tiny-he-batch", session.key_id, session.keyring, other.he).infer(request)
     with pytest.raises(ServerError, match="HTTP 400"):  # corrupted envelope
         session.infer(request[:-10] + b"0123456789")
