@@ -3,20 +3,24 @@
 1. train (or reuse) the digits PolyCNN and its standard-op baseline; reload both checkpoints from disk and
    evaluate them on the held-out test split, with the multiplicative depth;
 2. export the PolyCNN to ONNX (validated) into a Triton-layout model repository;
-3. start `veil serve` on that repository in the background, classify the test split over HTTP (Open
-   Inference Protocol v2, binary tensors), and stop the server.
+3. train (or reuse) the HE-sized digits PolyMLP and compile it to CKKS plans (latency and throughput);
+4. start `veil serve` on the repository in the background, classify the test split over HTTP (Open
+   Inference Protocol v2, binary tensors), run encrypted inference over HTTP in both modes (keys and
+   decryption stay in this process), print accuracy, time split and bytes, and stop the server.
 A checkpoint is reused when its config.json matches the requested configs exactly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="training seed")
     parser.add_argument("--no-baseline", action="store_true", help="skip the standard-op baseline")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument("--no-serve", action="store_true", help="skip the export and HTTP serving steps")
+    parser.add_argument("--no-serve", action="store_true", help="skip the export, HTTP serving and encrypted steps")
+    parser.add_argument("--he-images", type=int, default=8, help="test images sent one by one in latency mode")
     return parser
 
 
@@ -60,35 +65,64 @@ def _wait_ready(url: str, server: subprocess.Popen, timeout: float = 60.0) -> No
     raise TimeoutError(f"veil serve was not ready at {url} within {timeout:.0f} s")
 
 
-def serve_and_classify(repo: Path, model: str, x: np.ndarray) -> tuple[np.ndarray, float]:
-    """Serve ``repo`` with `veil serve` in the background and classify ``x`` over HTTP, 32 images a request.
-
-    Returns (predicted classes, median request latency in ms); the server is stopped either way.
-    """
-    import tritonclient.http as httpclient
-
+@contextlib.contextmanager
+def running_server(repo: Path) -> Iterator[str]:
+    """`veil serve` on ``repo`` in a background process; yields its URL, stops it (SIGTERM, graceful) after."""
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "veil.cli", "serve", "--repo", str(repo), "--port", str(port),
                                "--log-level", "warning"], stdout=subprocess.DEVNULL)
     try:
         _wait_ready(f"http://127.0.0.1:{port}", server)
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        predictions, latencies = [], []
-        for i in range(0, len(x), 32):
-            tensor = httpclient.InferInput("x", list(x[i:i + 32].shape), "FP32")
-            tensor.set_data_from_numpy(x[i:i + 32], binary_data=True)
-            start = time.perf_counter()
-            result = client.infer(model, [tensor], outputs=[httpclient.InferRequestedOutput("logits", binary_data=True)])
-            latencies.append(time.perf_counter() - start)
-            predictions.append(result.as_numpy("logits").argmax(axis=1))
-        client.close()
-        return np.concatenate(predictions), 1e3 * float(np.median(latencies))
+        yield f"http://127.0.0.1:{port}"
     finally:
-        server.terminate()  # SIGTERM: graceful shutdown
+        server.terminate()
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+def classify_plain(url: str, model: str, x: np.ndarray) -> tuple[np.ndarray, float]:
+    """Classify ``x`` over OIP v2 with tritonclient (binary tensors), 32 images a request.
+
+    Returns (predicted classes, median request latency in ms).
+    """
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"))
+    predictions, latencies = [], []
+    for i in range(0, len(x), 32):
+        tensor = httpclient.InferInput("x", list(x[i:i + 32].shape), "FP32")
+        tensor.set_data_from_numpy(x[i:i + 32], binary_data=True)
+        start = time.perf_counter()
+        result = client.infer(model, [tensor], outputs=[httpclient.InferRequestedOutput("logits", binary_data=True)])
+        latencies.append(time.perf_counter() - start)
+        predictions.append(result.as_numpy("logits").argmax(axis=1))
+    client.close()
+    return np.concatenate(predictions), 1e3 * float(np.median(latencies))
+
+
+def classify_encrypted(url: str, model: str, x: np.ndarray, keyring: Path) -> dict:
+    """Keygen, encrypt, infer over HTTP, decrypt; returns logits, the time split and the bytes moved."""
+    from veil.he.client import HeSession
+    from veil.he.envelope import open_envelope
+
+    start = time.perf_counter()
+    session = HeSession.create(url, model, keyring)
+    keygen = time.perf_counter() - start
+    start = time.perf_counter()
+    request = session.encrypt(x)
+    encrypt = time.perf_counter() - start
+    start = time.perf_counter()
+    response = session.infer(request)
+    roundtrip = time.perf_counter() - start
+    start = time.perf_counter()
+    logits = session.decrypt(response)
+    decrypt = time.perf_counter() - start
+    return {"logits": logits, "keygen_s": keygen, "encrypt_s": encrypt, "roundtrip_s": roundtrip, "decrypt_s": decrypt,
+            "server_s": open_envelope(response).meta["server_seconds"], "request_bytes": len(request),
+            "response_bytes": len(response), "key_bytes": session.keyring.evaluation_keys().size_bytes,
+            "params": session.he["parameters"]}
 
 
 def _train_or_reuse(path: Path, model_config, train_config, data, retrain: bool, progress: bool) -> tuple[str, float]:
@@ -150,11 +184,56 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(v["max_abs_diff"] for case in manifest["validation"]["cases"] for v in case["outputs"].values())
     print(f"\nexported {repo / 'digits'} (ONNX, veil functions {manifest['export']['veil_functions']}); "
           f"validated against PyTorch at {len(manifest['validation']['cases'])} batch sizes, max |diff| {worst:.1e}")
-    served, latency = serve_and_classify(repo, "digits", data.x_test.astype(np.float32))
-    local = rows[0][1]
-    print(f"served by `veil serve` over OIP v2 (binary tensors, tritonclient): test acc {100 * float((served == data.y_test).mean()):.2f}% "
-          f"(local {100 * local:.2f}%), median request of 32 images {latency:.1f} ms; server stopped")
+    he_report = _prepare_encrypted(args, data, repo)
+    x_test = data.x_test.astype(np.float32)
+    with running_server(repo) as url:
+        served, latency = classify_plain(url, "digits", x_test)
+        print(f"served by `veil serve` over OIP v2 (binary tensors, tritonclient): test acc "
+              f"{100 * float((served == data.y_test).mean()):.2f}% (local {100 * rows[0][1]:.2f}%), median request of "
+              f"32 images {latency:.1f} ms")
+        plain_mlp, _ = classify_plain(url, "digits-mlp", x_test)
+        n_latency = min(args.he_images, len(x_test))
+        runs_he = {"latency": classify_encrypted(url, "digits-he", x_test[:n_latency], args.out / "keys" / "latency.keyring"),
+                   "throughput": classify_encrypted(url, "digits-he-batch", x_test, args.out / "keys" / "throughput.keyring")}
+    _print_encrypted(he_report, runs_he, plain_mlp, data.y_test, n_latency)
+    print("server stopped")
     return 0
+
+
+def _prepare_encrypted(args: argparse.Namespace, data, repo: Path) -> dict:
+    """Train (or reuse) the HE-sized digits PolyMLP; export it as ONNX and as latency/throughput HE plans."""
+    from veil.export import export_uldnet
+    from veil.export.he import export_he
+    from veil.training.uldnet import ModelConfig, TrainConfig
+    from veil.training.uldnet.config import DIGITS_HE_PRESET
+
+    path = args.out / "polymlp-he"
+    model_config = ModelConfig(input_shape=data.input_shape, **DIGITS_HE_PRESET["model"])
+    train_config = TrainConfig(seed=args.seed, **DIGITS_HE_PRESET["train"])
+    _train_or_reuse(path, model_config, train_config, data, args.retrain, not args.no_progress)
+    export_uldnet(path, repo, name="digits-mlp")
+    latency = export_he(path, repo, "digits-he", mode="latency")
+    export_he(path, repo, "digits-he-batch", mode="throughput")
+    return latency
+
+
+def _print_encrypted(manifest: dict, runs_he: dict, plain: np.ndarray, labels: np.ndarray, n_latency: int) -> None:
+    params = manifest["parameters"]
+    print(f"\nencrypted inference (CKKS, 128-bit, N={params['poly_modulus_degree']}, chain {params['coeff_mod_bit_sizes']}, "
+          f"{manifest['levels']} levels; the digits PolyMLP — the PolyCNN needs 33 levels, beyond leveled CKKS)")
+    header = f"{'mode':<11} {'images':>6} {'plain acc':>9} {'enc acc':>8} {'agree':>6} {'keygen s':>8} {'encrypt s':>9} " \
+             f"{'server s':>8} {'decrypt s':>9} {'keys MB':>7} {'req MB':>7} {'resp MB':>7}"
+    print(header)
+    print("-" * len(header))
+    for mode, run in runs_he.items():
+        n = len(run["logits"])
+        pred = run["logits"].argmax(1)
+        print(f"{mode:<11} {n:>6} {100 * float((plain[:n] == labels[:n]).mean()):>8.2f}% "
+              f"{100 * float((pred == labels[:n]).mean()):>7.2f}% {100 * float((pred == plain[:n]).mean()):>5.1f}% "
+              f"{run['keygen_s']:>8.2f} {run['encrypt_s']:>9.2f} {run['server_s']:>8.2f} {run['decrypt_s']:>9.2f} "
+              f"{run['key_bytes'] / 2**20:>7.1f} {run['request_bytes'] / 2**20:>7.1f} {run['response_bytes'] / 2**20:>7.1f}")
+    print(f"(latency mode: one image per ciphertext, first {n_latency} test images; throughput mode: the whole test "
+          "split in one call; the server never holds the secret key)")
 
 
 if __name__ == "__main__":
