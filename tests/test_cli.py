@@ -65,7 +65,7 @@ def test_train_uldnet_writes_checkpoint_and_prints_metrics(tmp_path, capsys: pyt
             "--act-degree", "3", "--out", str(out), "--no-progress"]
     assert main(argv) == 0
     metrics = json.loads(capsys.readouterr().out)
-    assert metrics["polynomial"] and metrics["depth_total"] == 2 * (1 + 3 + 3) + 1  # digits preset: 2 hidden layers
+    assert metrics["polynomial"] and metrics["depth_total"] == 2 * (1 + 3 + 2) + 1  # digits preset: 2 hidden layers
     assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "metrics.json"}
     saved = json.loads((out / "config.json").read_text())
     assert saved["kind"] == "uldnet" and saved["model"]["act"]["degree"] == 3 and saved["train"]["epochs"] == 2

@@ -220,7 +220,7 @@ def _prepare_encrypted(args: argparse.Namespace, data, repo: Path) -> dict:
 def _print_encrypted(manifest: dict, runs_he: dict, plain: np.ndarray, labels: np.ndarray, n_latency: int) -> None:
     params = manifest["parameters"]
     print(f"\nencrypted inference (CKKS, 128-bit, N={params['poly_modulus_degree']}, chain {params['coeff_mod_bit_sizes']}, "
-          f"{manifest['levels']} levels; the digits PolyMLP — the PolyCNN needs 33 levels, beyond leveled CKKS)")
+          f"{manifest['levels']} levels; the digits PolyMLP — the PolyCNN needs 28 levels, beyond leveled CKKS)")
     header = f"{'mode':<11} {'images':>6} {'plain acc':>9} {'enc acc':>8} {'agree':>6} {'keygen s':>8} {'encrypt s':>9} " \
              f"{'server s':>8} {'decrypt s':>9} {'keys MB':>7} {'req MB':>7} {'resp MB':>7}"
     print(header)

@@ -144,7 +144,7 @@ DIGITS_PRESETS: dict[str, dict[str, dict]] = {
     "vit": {"model": {"width": 64, "depth": 2, "heads": 4, "patch_size": 4}, "train": {"epochs": 100}},
 }
 
-# A digits model shallow enough for leveled CKKS (7 levels: Linear, PolyNorm, PolyAct, Linear): the
-# encrypted-inference demo and benchmark use it; the digits PolyCNN (33 levels) needs bootstrapping.
+# A digits model shallow enough for leveled CKKS (6 levels: Linear, PolyNorm, PolyAct, Linear): the
+# encrypted-inference demo and benchmark use it; the digits PolyCNN (28 levels) needs bootstrapping.
 DIGITS_HE_PRESET: dict[str, dict] = {"model": {"arch": "mlp", "width": 64, "depth": 1},
                                      "train": {"lr": 1e-2, "epochs": 60}}

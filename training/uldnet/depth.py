@@ -10,7 +10,8 @@ plaintext products where the spec shows how:
     AvgPool / GAP / token mean    1 level  (a sum of rotations times the plaintext 1/k)
     PolyNorm                      3 levels (x^2 of the pre-scaled centred input, (sqrt(a) mu v - sqrt(a) b)^2,
                                             the product with x - E[x]; centring and scalars folded)
-    PolyAct, degree n             n levels (Horner with plaintext coefficients; n - 1 ct x ct products)
+    PolyAct, degree n             n - 1 levels (the leading coefficient folds into the producer of x,
+                                  as veil.he.compile does: y (q2 y + q1) + q0; n - 1 ct x ct products)
     LinearAttention               3 levels (RoPE plaintext cos/sin, K^T V, Q (K^T V)); qkv/proj are Linear
     add / sub / reshape           0
 
@@ -87,7 +88,7 @@ def module_cost(module: nn.Module) -> tuple[int | None, int | None]:
         return (None, None) if module.exact else (3, 3)
     if isinstance(module, PolyAct):
         n = module.config.degree
-        return n, max(n - 1, 0)
+        return max(n - 1, 0), max(n - 1, 0)
     if isinstance(module, LinearAttention):
         return 3, 2
     if isinstance(module, NON_POLYNOMIAL):
@@ -132,6 +133,7 @@ def multiplicative_depth(model: nn.Module) -> DepthReport:
             raise TypeError(f"multiplicative_depth: no cost known for {node.op} {node.target} (node {node.name})")
         out = None if cost is None or level_in is None else level_in + cost
         level[node] = out
-        if op and (cost or cost is None):
+        structural = node.op == "call_module" and isinstance(modules[node.target], (nn.Identity, nn.Flatten, nn.Dropout))
+        if op and not structural and (cost or cost is None or node.op == "call_module"):
             report.ops.append(OpDepth(name, op, cost, ct, out))
     return report
