@@ -30,6 +30,7 @@ from veil.he.keys import SecretKeyring
 from veil.he.params import SECURITY, describe
 from veil.he.serialize import seal_to_bytes
 from veil.training.uldnet import ModelConfig, TrainConfig, load_digits_preset, train_uldnet
+from veil.training.uldnet.config import DIGITS_HE_PRESET
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_section
@@ -39,10 +40,11 @@ BASELINE_CHAIN = [50] + [32] * 10 + [50]  # 10 levels (see tenseal_forward), log
 
 
 def train(width: int, epochs: int):
-    """The digits PolyMLP, its ONNX graph, plaintext ORT logits on the test split and the weights."""
+    """The HE-sized digits PolyMLP (DIGITS_HE_PRESET recipe), its ONNX graph, plaintext ORT logits, the weights."""
     data = load_digits_preset()
+    recipe = {**DIGITS_HE_PRESET["train"], "epochs": epochs}
     result = train_uldnet(ModelConfig(arch="mlp", input_shape=[1, 8, 8], width=width, depth=1),
-                          TrainConfig(epochs=epochs, warmup_epochs=max(1, epochs // 4), seed=0, threads=1),
+                          TrainConfig(**recipe, warmup_epochs=min(5, epochs - 1), seed=0, threads=1),
                           data, progress=False)
     graph = export_graph(result.model, (torch.randn(4, 1, 8, 8),), ["x"], ["logits"], {"x": {0: "batch"}}).model
     logits = ort.InferenceSession(graph.SerializeToString()).run(None, {"x": data.x_test})[0]
@@ -130,12 +132,13 @@ def run_veil(graph, x: np.ndarray, mode: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: short training, few images")
-    parser.add_argument("--width", type=int, default=32, help="PolyMLP hidden width")
+    parser.add_argument("--width", type=int, default=DIGITS_HE_PRESET["model"]["width"], help="PolyMLP hidden width")
     parser.add_argument("--baseline-images", type=int, default=8, help="test images through the TenSEAL baseline")
     parser.add_argument("--latency-images", type=int, default=100, help="test images through veil latency mode")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder (results.md, results/)")
     args = parser.parse_args(argv)
-    epochs, n_base, n_lat = (3, 1, 3) if args.quick else (20, args.baseline_images, args.latency_images)
+    epochs, n_base, n_lat = (3, 1, 3) if args.quick else \
+        (DIGITS_HE_PRESET["train"]["epochs"], args.baseline_images, args.latency_images)
     graph, data, reference, state, norm = train(args.width, epochs)
     x = data.x_test
     runs = {"tenseal_baseline": run_baseline(x[:n_base], state, norm),
