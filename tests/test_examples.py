@@ -49,7 +49,12 @@ def test_export_minilm(tmp_path) -> None:
     assert "LayerNormalization" in out and "cosine similarities" in out
 
 
+def test_encrypted_inference(tmp_path) -> None:
+    out = run("encrypted_inference.py", "--epochs", "4", "--images", "2", "--workdir", str(tmp_path))
+    assert "plan: 6 levels, N=16384" in out and "encrypted predictions:" in out
+
+
 def test_every_example_is_tested() -> None:
     tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py", "serve_and_query.py", "export_polycnn.py",
-              "export_minilm.py"}
+              "export_minilm.py", "encrypted_inference.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
