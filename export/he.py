@@ -11,8 +11,7 @@ plaintext and encrypted inference are the same function by construction.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from veil.he.params import describe
 from veil.training.checkpoint import checkpoint_hash
 from veil.training.uldnet import load_uldnet
 
-from veil.config import write_atomic
+from veil.config import atomic_dir, write_atomic
 
 from .onnx_export import export_graph
 from .repository import NAME_PATTERN
@@ -49,19 +48,8 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
     plan = compile_plan(graph.model, mode=mode, precision_bits=precision_bits)  # type: ignore[arg-type]
     params = plan.parameters()
     model_dir = Path(repo) / name
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=model_dir, prefix=f".{version}."))
-    try:
+    with atomic_dir(model_dir / str(version)) as tmp:
         plan.save(tmp)
-        final, old = model_dir / str(version), model_dir / f".{version}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     manifest = {
         "format": 1, "name": name, "version": version, "kind": "he-plan", "mode": mode,
         "classes": config["data"]["classes"], "input_shape": shape, "levels": plan.levels,
@@ -70,8 +58,6 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
         "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
         "export": graph.info,
     }
-    import json
-
     write_atomic(model_dir / "veil.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))
     write_atomic(model_dir / "config.pbtxt", CONFIG.format(name=name))
     return manifest

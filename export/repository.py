@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from veil.config import write_atomic
+from veil.config import atomic_dir, write_atomic
 
 from .swap import ExportError
 
@@ -81,22 +80,12 @@ def write_model(repo: str | Path, name: str, version: int, model: onnx.ModelProt
     model_dir = Path(repo) / name
     model_dir.mkdir(parents=True, exist_ok=True)
     final = model_dir / str(version)
-    tmp = Path(tempfile.mkdtemp(dir=model_dir, prefix=f".{version}."))
-    try:
+    with atomic_dir(final) as tmp:
         onnx.save_model(model, str(tmp / "model.onnx"))
         for rel, src in (extra_files or {}).items():
             target = tmp / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
-        old = model_dir / f".{version}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     full = {"format": 1, "name": name, "version": version, "inputs": [s.to_dict() for s in inputs],
             "outputs": [s.to_dict() for s in outputs], **manifest}
     write_atomic(model_dir / "veil.json", json.dumps(full, indent=2, sort_keys=True, default=str))

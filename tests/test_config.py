@@ -88,3 +88,19 @@ def test_write_atomic_replaces_whole_file_and_leaves_no_temp(tmp_path) -> None:
     write_atomic(target, b"new")
     assert target.read_text() == "new"
     assert os.listdir(target.parent) == ["f.json"]
+
+
+def test_atomic_dir_swaps_whole_folders_and_keeps_the_old_one_on_error(tmp_path) -> None:
+    from veil.config import atomic_dir
+
+    target = tmp_path / "model"
+    with atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("v1")
+    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("half")
+        raise RuntimeError("crash while writing")
+    assert (target / "a.txt").read_text() == "v1"  # untouched by the failed write
+    with atomic_dir(target) as tmp:
+        (tmp / "b.txt").write_text("v2")
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary or old folders left

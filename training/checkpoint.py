@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from veil.config import atomic_dir
 
 CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE = "config.json", "model.safetensors", "metrics.json"
 
@@ -23,24 +23,11 @@ def save_checkpoint(out_dir: str | Path, config: dict[str, Any], state_dict: dic
                     metrics: dict[str, Any]) -> Path:
     """Write the three files of a checkpoint atomically (as a whole folder)."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
+    with atomic_dir(out_dir) as tmp:
         tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
         save_file(tensors, str(tmp / WEIGHTS_FILE))
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
         (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True))
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            out_dir.rename(old)
-            tmp.rename(out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

@@ -9,13 +9,16 @@ values and the received value. This module needs neither torch nor numpy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import types
 import typing
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -172,4 +175,31 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Build a folder under a temporary sibling name, then swap it into place (replacing any old one).
+
+    Readers see the previous folder or the complete new one, never a half-written one; on an error the
+    temporary folder is removed and ``final`` is left as it was.
+
+    Example:
+        >>> with atomic_dir("runs/ck") as tmp:
+        ...     (tmp / "config.json").write_text("{}")
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        yield tmp
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
