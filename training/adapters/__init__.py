@@ -1,0 +1,27 @@
+"""veil.training.adapters: one adapter API (LoRA, PSOFT) with PEFT-layout checkpoints.
+
+Example:
+    >>> from veil.training.adapters import LoraConfig, inject
+    >>> model = inject(base, LoraConfig(r=8, target_modules=["query", "value"], modules_to_save=["classifier"]))
+    >>> model.save_pretrained("runs/lora")          # adapter_config.json + adapter_model.safetensors
+    >>> again = AdapterModel.from_pretrained(fresh_base, "runs/lora")
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import lora
+from .config import AdapterConfig
+from .lora import LoraConfig
+from .model import AdapterModel
+from .registry import METHODS, AdapterMethod, get_method, register_method
+
+
+def inject(model: nn.Module, config: AdapterConfig) -> AdapterModel:
+    """Wrap ``model`` (in place) with ``config``'s adapters; the base is frozen, adapters and saved modules train."""
+    return get_method(config.method).model_cls(model, config)
+
+
+__all__ = ["METHODS", "AdapterConfig", "AdapterMethod", "AdapterModel", "LoraConfig", "inject",
+           "lora", "register_method"]

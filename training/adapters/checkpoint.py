@@ -1,0 +1,64 @@
+"""PEFT-layout adapter checkpoints: ``adapter_config.json`` + ``adapter_model.safetensors``.
+
+Keys are PEFT's (``base_model.model.<module path>.lora_A.weight``, adapter name removed), so ``peft`` and every
+serving system that reads PEFT LoRA load what veil writes, and veil loads what ``peft`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from veil.config import atomic_dir
+
+from .registry import METHODS, get_method
+
+if TYPE_CHECKING:
+    from .model import AdapterModel
+
+CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
+
+
+def save_adapter(model: AdapterModel, out_dir: str | Path) -> Path:
+    """Write the adapter's config and tensors into ``out_dir`` as one atomic folder swap.
+
+    Raises:
+        ValueError: the adapter holds no tensors (an empty checkpoint is refused, not written).
+    """
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.adapter_state_dict().items()}
+    if not tensors:
+        raise ValueError("save_pretrained: expected adapter tensors, received none (nothing to save)")
+    out_dir = Path(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        (tmp / CONFIG_NAME).write_text(json.dumps(model.config.to_peft_dict(), indent=2, sort_keys=True))
+        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+    return out_dir
+
+
+def read_config(path: str | Path):
+    """The veil config of the adapter saved at ``path`` (by veil or PEFT), chosen by its ``peft_type``."""
+    path = Path(path)
+    if not (path / CONFIG_NAME).is_file():
+        raise FileNotFoundError(f"adapter {str(path)!r}: expected {CONFIG_NAME}, not found")
+    data = json.loads((path / CONFIG_NAME).read_text())
+    peft_type = data.get("peft_type")
+    for entry in METHODS.values():
+        if entry.config_cls.peft_type == peft_type:
+            return entry.config_cls.from_peft_dict(data)
+    known = [e.config_cls.peft_type for e in METHODS.values()]
+    raise ValueError(f"{CONFIG_NAME}: peft_type: expected one of {known}, received {peft_type!r}")
+
+
+def load_adapter(base_model: nn.Module, path: str | Path) -> AdapterModel:
+    """Inject the adapter saved at ``path`` into ``base_model`` (modified in place) and load its tensors."""
+    path = Path(path)
+    config = read_config(path)
+    if not (path / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"adapter {str(path)!r}: expected {WEIGHTS_NAME}, not found")
+    model = get_method(config.method).model_cls(base_model, config)
+    model.load_adapter_state_dict(load_file(str(path / WEIGHTS_NAME)))
+    return model
