@@ -1,0 +1,75 @@
+"""`veil export adapters`: a base encoder + PEFT-layout LoRA folders -> a served multi-adapter model.
+
+Writes ``<repo>/<name>/1/model.onnx`` (LoRA A/B as graph inputs with zero defaults: the base when no adapter is
+active), ``<repo>/<name>/adapters/<id>.onnx_adapter`` (one per adapter, stock ONNX Runtime format) and veil.json
+listing the adapters; with ``--merged`` also one merged model ``<repo>/<name>-<id>`` per adapter. Every adapter is
+checked against PyTorch (base + adapter applied unmerged), and against its merged graph with ``--merged``.
+
+Examples:
+    veil export adapters bundled:all-MiniLM-L6-v2 --adapter tenant1=runs/lora1 --repo models --name minilm
+    veil export adapters bundled:all-MiniLM-L6-v2 --adapter a=runs/a --adapter b=runs/b --repo models --name minilm --merged
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXAMPLE = """example:
+  veil export adapters bundled:all-MiniLM-L6-v2 --adapter tenant1=runs/lora1 --adapter tenant2=runs/lora2 \\
+      --repo models --name minilm --merged
+  veil serve --repo models    # then POST /v2/models/minilm:tenant1/infer
+"""
+
+
+def adapter_arg(text: str) -> tuple[str, Path]:
+    adapter_id, sep, path = text.partition("=")
+    if not sep or not adapter_id or not path:
+        raise argparse.ArgumentTypeError(f"expected ID=FOLDER (a PEFT LoRA folder), received {text!r}")
+    return adapter_id, Path(path)
+
+
+def build_parser(prog: str = "veil export adapters") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("base", help="base encoder: bundled:all-MiniLM-L6-v2 or a transformers folder")
+    parser.add_argument("--adapter", type=adapter_arg, action="append", required=True, metavar="ID=FOLDER",
+                        help="a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors); repeatable")
+    parser.add_argument("--repo", type=Path, required=True, help="model repository folder (created if missing)")
+    parser.add_argument("--name", required=True, help="model name in the repository")
+    parser.add_argument("--version", type=int, default=1, help="version folder to write (default: 1)")
+    parser.add_argument("--merged", action="store_true", help="also write one merged model <name>-<id> per adapter")
+    parser.add_argument("--max-batch-size", type=int, default=32, help="config.pbtxt max_batch_size (default 32)")
+    parser.add_argument("--cache-size", type=int, default=8, help="adapters kept loaded by the server (LRU, default 8)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .adapters import export_adapters, sentence_encoder_spec
+    from .encoder import load_sentence_encoder, resolve_encoder
+
+    adapters = dict(args.adapter)
+    if len(adapters) != len(args.adapter):
+        print(f"--adapter: expected distinct ids, received {[i for i, _ in args.adapter]}", file=sys.stderr)
+        return 2
+    folder = resolve_encoder(args.base)
+    model, config = load_sentence_encoder(folder)
+    manifest = export_adapters(model, sentence_encoder_spec(config), adapters, args.repo, args.name, args.version,
+                               merged_models=args.merged, max_batch_size=args.max_batch_size,
+                               cache_size=args.cache_size,
+                               manifest={"source": {"model": args.base, "architecture": config.model_type},
+                                         "pooling": "mean", "normalize": model.normalize})
+    summary = {"repository": str(args.repo), "name": args.name, "rank": manifest["lora"]["rank"],
+               "adapters": [{"id": row["id"], "file": row["file"], "rank": row["rank"],
+                             "max_abs_diff": max(v["max_abs_diff_vs_torch"] for c in row["parity"]["cases"]
+                                                 for k, v in c.items() if k != "case")} for row in manifest["adapters"]],
+               "merged_models": [f"{args.name}-{row['id']}" for row in manifest["adapters"]] if args.merged else []}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
