@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import lora
+from . import lora, psoft
 from .config import AdapterConfig
 from .lora import LoraConfig
 from .model import AdapterModel
+from .psoft import PsoftConfig
 from .registry import METHODS, AdapterMethod, get_method, register_method
 
 
@@ -23,5 +24,5 @@ def inject(model: nn.Module, config: AdapterConfig) -> AdapterModel:
     return get_method(config.method).model_cls(model, config)
 
 
-__all__ = ["METHODS", "AdapterConfig", "AdapterMethod", "AdapterModel", "LoraConfig", "inject",
-           "lora", "register_method"]
+__all__ = ["METHODS", "AdapterConfig", "AdapterMethod", "AdapterModel", "LoraConfig", "PsoftConfig", "inject",
+           "lora", "psoft", "register_method"]

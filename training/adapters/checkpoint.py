@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -24,17 +25,22 @@ CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 
 
 def save_adapter(model: AdapterModel, out_dir: str | Path) -> Path:
-    """Write the adapter's config and tensors into ``out_dir`` as one atomic folder swap.
+    """Write the adapter's config and tensors into ``out_dir`` as one atomic folder swap."""
+    return write_adapter(out_dir, model.config.to_peft_dict(), model.adapter_state_dict())
+
+
+def write_adapter(out_dir: str | Path, config: dict[str, Any], state: dict[str, torch.Tensor]) -> Path:
+    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out_dir`` atomically.
 
     Raises:
-        ValueError: the adapter holds no tensors (an empty checkpoint is refused, not written).
+        ValueError: ``state`` is empty (an empty checkpoint is refused, not written).
     """
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.adapter_state_dict().items()}
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     if not tensors:
         raise ValueError("save_pretrained: expected adapter tensors, received none (nothing to save)")
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
-        (tmp / CONFIG_NAME).write_text(json.dumps(model.config.to_peft_dict(), indent=2, sort_keys=True))
+        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
     return out_dir
 
