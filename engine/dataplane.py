@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .adapters import select_adapter
 from .errors import EngineError, ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
 from .metrics import Metrics
 from .models import OnnxModel
@@ -83,11 +84,18 @@ class DataPlane:
 
     # -- registry -------------------------------------------------------------------------------------
     def get_model(self, name: str, version: str | None = None) -> OnnxModel:
-        """The model (latest loaded version when ``version`` is None).
+        """The model (latest loaded version when ``version`` is None); ``<model>:<adapter>`` names its base model.
 
         Raises:
-            ModelNotFound: no such model or version is loaded.
+            ModelNotFound: no such model or version is loaded (AdapterNotFound: no such adapter).
         """
+        name, _, adapter = name.partition(":")
+        model = self._get_model(name, version)
+        if adapter:
+            select_adapter(getattr(model, "adapters", None), name, adapter, None)
+        return model
+
+    def _get_model(self, name: str, version: str | None) -> OnnxModel:
         versions = self.models.get(name)
         if not versions:
             raise ModelNotFound(f"model '{name}' is not loaded; loaded models: {sorted(self.models)}")
@@ -99,7 +107,7 @@ class DataPlane:
         return versions[version]
 
     def versions(self, name: str) -> list[str]:
-        return sorted(self.models.get(name, {}), key=int)
+        return sorted(self.models.get(name.partition(":")[0], {}), key=int)
 
     def ready(self) -> bool:
         """Server readiness: every loaded model version is ready (loaded, providers verified, warmed up)."""
@@ -128,8 +136,10 @@ class DataPlane:
             unknown = sorted(set(requested) - set(model.outputs))
             if unknown:
                 raise UnknownOutput(f"model '{name}' has no outputs {unknown}; expected {sorted(model.outputs)}")
+            adapter = select_adapter(getattr(model, "adapters", None), model.name, name.partition(":")[2] or None,
+                                     request.parameters)
             feeds, batch = model.check_inputs(request.inputs, request.parameters)
-            outputs, queue_ns = await model.infer(feeds, batch)
+            outputs, queue_ns = await (model.infer(feeds, batch) if adapter is None else model.infer(feeds, batch, adapter))
         except (EngineError, ValueError):  # ValueError: veil.he refusals (HEError)
             model.metrics.record_request(False, time.perf_counter_ns() - start, 0)
             raise

@@ -29,6 +29,7 @@ from starlette.responses import Response
 
 from veil import __version__
 
+from .adapters import adapter_metadata
 from .dataplane import DataPlane
 from .errors import MalformedRequest, PayloadTooLarge, RepositoryApiDisabled, Unauthorized
 from .protocol import decode_request, encode_response, header_length
@@ -77,7 +78,8 @@ async def ready(request: Request) -> Response:
 
 async def model_metadata(request: Request, model: str, version: str | None = None) -> Response:
     plane = _plane(request)
-    return _json(plane.get_model(model, version).metadata(plane.versions(model)))
+    m = plane.get_model(model, version)
+    return _json(adapter_metadata(m.metadata(plane.versions(model)), getattr(m, "adapters", None), model))
 
 
 async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
@@ -101,10 +103,18 @@ async def model_stats(request: Request, model: str | None = None, version: str |
         models = [m for versions in plane.models.values() for m in versions.values()]
     elif version is None:
         plane.get_model(model)  # 404 when unknown
-        models = list(plane.models[model].values())
+        models = list(plane.models[model.partition(":")[0]].values())
     else:
         models = [plane.get_model(model, version)]
-    return _json({"model_stats": [m.metrics.to_triton() for m in models if m.metrics is not None]})
+    return _json({"model_stats": [_stats(m) for m in models if m.metrics is not None]})
+
+
+def _stats(m: Any) -> dict[str, Any]:
+    """Triton's statistics entry, plus ``adapter_cache`` (LRU hits, misses, evictions) for adapter models."""
+    entry = m.metrics.to_triton()
+    if getattr(m, "adapters", None) is not None:
+        entry["adapter_cache"] = m.adapters.stats()
+    return entry
 
 
 async def metrics(request: Request) -> Response:

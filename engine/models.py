@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .adapters import AdapterCache, AdapterScheduler, load_adapters
 from .batcher import Scheduler
 from .errors import DatatypeMismatch, MissingInput, ModelLoadFailed, ShapeMismatch, UnknownInput
 from .metrics import Metrics, ModelMetrics
@@ -41,6 +42,7 @@ class OnnxModel:
         self.ready = False
         self.session: Session | None = None
         self.scheduler: Scheduler | None = None
+        self.adapters: AdapterCache | None = None  # LoRA adapters (adapters/*.onnx_adapter), see veil.engine.adapters
         self.metrics: ModelMetrics | None = None
         self.inputs: dict[str, TensorConfig] = {}
         self.outputs: dict[str, TensorConfig] = {}
@@ -82,8 +84,13 @@ class OnnxModel:
             raise ModelLoadFailed(f"model '{self.name}': dynamic_batching needs max_batch_size > 0, received 0")
         session.warm_up([1, cfg.max_batch_size] if cfg.batching is not None and cfg.max_batch_size > 1 else [1])
         self.metrics = metrics.for_model(self.name, self.version, session.provider, options.providers[0])
-        self.scheduler = Scheduler(session.run, session.output_names, cfg.max_batch_size, cfg.batching,
-                                   cfg.instance_count, self.metrics)
+        self.adapters = load_adapters(self.path.parent.parent, cfg.parameters, metrics, self.name, self.version)
+        if self.adapters is None:
+            self.scheduler = Scheduler(session.run, session.output_names, cfg.max_batch_size, cfg.batching,
+                                       cfg.instance_count, self.metrics)
+        else:
+            self.scheduler = AdapterScheduler(session, self.adapters, cfg.max_batch_size, cfg.batching,
+                                              cfg.instance_count, self.metrics)
         self.inputs = {t.name: t for t in cfg.inputs}
         self.outputs = {t.name: t for t in cfg.outputs}
         self.ready = True
@@ -140,10 +147,13 @@ class OnnxModel:
             raise MissingInput(f"model '{self.name}': missing inputs {missing}; expected {sorted(self.inputs)}")
         return feeds, batch or 1
 
-    async def infer(self, feeds: dict[str, np.ndarray], batch: int) -> tuple[dict[str, np.ndarray], int]:
-        """Run through the scheduler; returns every output (name -> array) and the ns spent queued."""
+    async def infer(self, feeds: dict[str, np.ndarray], batch: int,
+                    adapter: str | None = None) -> tuple[dict[str, np.ndarray], int]:
+        """Run through the scheduler (with ``adapter`` active, None: the base); returns every output and the ns queued."""
         if self.scheduler is None:
             raise RuntimeError(f"model '{self.name}': call load() before infer()")
+        if adapter is not None and isinstance(self.scheduler, AdapterScheduler):
+            return await self.scheduler.submit(feeds, batch, adapter)
         return await self.scheduler.submit(feeds, batch)
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:

@@ -1,0 +1,206 @@
+"""Per-request LoRA adapters on an adapter-as-input model (`veil export adapters`): selection, LRU cache, grouping.
+
+A model folder with ``adapters/<id>.onnx_adapter`` files serves its base graph plus one adapter per request,
+chosen by ``"parameters": {"adapter_id": "<id>"}`` (LoRAX style) or by the model name ``<model>:<id>``
+(vLLM style, so unmodified OIP clients can pick one). Adapters are ONNX Runtime ``LoraAdapter`` objects, loaded on
+first use and kept in an LRU cache of ``parameters { key: "adapter_cache_size" }`` entries (default 8).
+
+ONNX Runtime activates one adapter set per ``run``, so the dynamic batcher groups the requests of a batch by
+adapter id and runs each group once with ``RunOptions.add_active_adapter`` (requests without an adapter form the
+base group). This is the CPU path; a fused mixed-adapter GPU path (SGMV-style kernels) comes with the GPU-kernel
+issue. Adapter runs use ``InferenceSession.run``: ORT ignores active adapters in ``run_with_iobinding``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from prometheus_client import Counter
+
+from .batcher import Scheduler, _Pending
+from .errors import MalformedRequest, ModelLoadFailed, ModelNotFound, ModelNotReady
+from .metrics import Metrics, ModelMetrics
+from .repository import BatchingConfig
+from .runtime import Session
+
+SUFFIX = ".onnx_adapter"
+DEFAULT_CACHE_SIZE = 8
+_FAMILIES: weakref.WeakKeyDictionary[Metrics, dict[str, Counter]] = weakref.WeakKeyDictionary()
+
+
+class AdapterNotFound(ModelNotFound):
+    """The request names an adapter the model does not have (HTTP 404)."""
+
+
+def _families(metrics: Metrics) -> dict[str, Counter]:
+    """The adapter-cache counters of an app's registry (created once per registry)."""
+    if metrics not in _FAMILIES:
+        _FAMILIES[metrics] = {kind: Counter(f"veil_adapter_cache_{kind}", f"Adapter cache {kind} (LRU of loaded "
+                                            "ORT LoraAdapters)", ["model", "version"], registry=metrics.registry)
+                              for kind in ("hits", "misses", "evictions")}
+    return _FAMILIES[metrics]
+
+
+class AdapterCache:
+    """The adapters of one model version: known ids, and an LRU of loaded ``RunOptions`` (adapter active).
+
+    Args:
+        folder: the model's ``adapters/`` folder (``<id>.onnx_adapter`` files).
+        capacity: adapters kept loaded; the least recently used one is dropped beyond it.
+        metrics: the app's metrics (hits, misses and evictions are counted per model version).
+        name / version: labels of the counters.
+    """
+
+    def __init__(self, folder: Path, capacity: int, metrics: Metrics, name: str, version: str) -> None:
+        self.folder, self.capacity, self.name = folder, capacity, name
+        self.ids = sorted(p.name[:-len(SUFFIX)] for p in folder.glob(f"*{SUFFIX}"))
+        # id -> (adapter, run options): RunOptions holds a raw pointer, so the LoraAdapter must stay referenced
+        self._loaded: collections.OrderedDict[str, tuple[ort.LoraAdapter, ort.RunOptions]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.evictions = 0
+        self._counters = {k: c.labels(model=name, version=version) for k, c in _families(metrics).items()}
+
+    def check(self, adapter_id: str) -> str:
+        """``adapter_id`` if the model has it.
+
+        Raises:
+            AdapterNotFound: naming the model and its adapter ids.
+        """
+        if adapter_id not in self.ids:
+            raise AdapterNotFound(f"model '{self.name}' has no adapter '{adapter_id}'; known adapters: {self.ids}")
+        return adapter_id
+
+    def activate(self, adapter_id: str) -> tuple[ort.LoraAdapter, ort.RunOptions]:
+        """The loaded adapter and run options with it active (load on a miss, evict the least recently used).
+
+        Keep the adapter referenced for the whole run: an eviction by another thread must not free it mid-run.
+        """
+        with self._lock:
+            entry = self._loaded.get(adapter_id)
+            if entry is not None:
+                self._loaded.move_to_end(adapter_id)
+                self.hits += 1
+                self._counters["hits"].inc()
+                return entry
+            adapter = ort.LoraAdapter()
+            adapter.Load(str(self.folder / f"{adapter_id}{SUFFIX}"))  # memory-mapped
+            options = ort.RunOptions()
+            options.add_active_adapter(adapter)
+            self._loaded[adapter_id] = entry = (adapter, options)
+            self.misses += 1
+            self._counters["misses"].inc()
+            while len(self._loaded) > self.capacity:
+                self._loaded.popitem(last=False)
+                self.evictions += 1
+                self._counters["evictions"].inc()
+            return entry
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"capacity": self.capacity, "adapters": self.ids, "loaded": list(self._loaded),
+                    "hits": self.hits, "misses": self.misses, "evictions": self.evictions}
+
+
+def load_adapters(model_dir: Path, parameters: dict[str, str], metrics: Metrics, name: str,
+                  version: str) -> AdapterCache | None:
+    """The model's AdapterCache, or None when ``<model>/adapters/`` holds no ``.onnx_adapter`` file.
+
+    Raises:
+        ModelLoadFailed: ``adapter_cache_size`` is not an integer >= 1.
+    """
+    folder = model_dir / "adapters"
+    if not folder.is_dir() or not any(folder.glob(f"*{SUFFIX}")):
+        return None
+    raw = parameters.get("adapter_cache_size", str(DEFAULT_CACHE_SIZE))
+    if not raw.isdigit() or int(raw) < 1:
+        raise ModelLoadFailed(f"model '{name}': parameters adapter_cache_size expected an integer >= 1, received {raw!r}")
+    return AdapterCache(folder, int(raw), metrics, name, version)
+
+
+def select_adapter(cache: AdapterCache | None, model: str, from_name: str | None,
+                   parameters: dict[str, Any] | None) -> str | None:
+    """The adapter a request asks for (``<model>:<id>`` or ``parameters.adapter_id``), checked; None: the base.
+
+    Raises:
+        MalformedRequest: adapter_id is not a string, or the name and the parameter disagree.
+        AdapterNotFound: the model has no such adapter (or no adapters at all).
+    """
+    from_param = (parameters or {}).get("adapter_id")
+    if from_param is not None and not isinstance(from_param, str):
+        raise MalformedRequest(f"parameters.adapter_id: expected a string, received {from_param!r}")
+    if from_name and from_param and from_name != from_param:
+        raise MalformedRequest(f"parameters.adapter_id: expected '{from_name}' (as in the model name "
+                               f"'{model}:{from_name}') or nothing, received '{from_param}'")
+    adapter = from_name or from_param
+    if not adapter:
+        return None
+    if cache is None:
+        raise AdapterNotFound(f"model '{model}' has no adapter '{adapter}'; known adapters: [] (not an adapter model)")
+    return cache.check(adapter)
+
+
+@dataclass
+class _AdapterPending(_Pending):
+    adapter: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        """Requests group (one session run) only with requests for the same adapter."""
+        return (self.adapter, *super().key)
+
+
+class AdapterScheduler(Scheduler):
+    """The dynamic batcher with one session run per adapter group of each batch (the ORT path).
+
+    Args:
+        session: the model's session; base groups use ``session.run``, adapter groups ``InferenceSession.run``.
+        cache: the model's adapters.
+        The other arguments are :class:`~veil.engine.batcher.Scheduler`'s.
+    """
+
+    def __init__(self, session: Session, cache: AdapterCache, max_batch_size: int, batching: BatchingConfig | None,
+                 instances: int, metrics: ModelMetrics) -> None:
+        super().__init__(self._run_adapter, session.output_names, max_batch_size, batching, instances, metrics)
+        self._session, self._cache, self._local = session, cache, threading.local()
+
+    def _run_adapter(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        adapter = self._local.adapter  # set by _run_group in this worker thread
+        if adapter is None:
+            return self._session.run(feeds)
+        _loaded, options = self._cache.activate(adapter)  # _loaded stays referenced until the run returns
+        return self._session.session.run(self._session.output_names, feeds, run_options=options)
+
+    def _run_group(self, group: list[_Pending]) -> list[dict[str, np.ndarray]]:
+        self._local.adapter = getattr(group[0], "adapter", None)  # every request of a group has the same adapter
+        return super()._run_group(group)
+
+    async def submit(self, feeds: dict[str, np.ndarray], batch: int,
+                     adapter: str | None = None) -> tuple[dict[str, np.ndarray], int]:
+        """Schedule one request for ``adapter`` (None: the base); returns its outputs and the ns it queued."""
+        if self._closing:
+            raise ModelNotReady(f"model '{self._metrics.name}' is unloading")
+        pending = _AdapterPending(feeds, batch, asyncio.get_running_loop().create_future(), adapter=adapter)
+        self._active += 1
+        try:
+            return await self._schedule(pending), pending.queue_ns
+        finally:
+            self._active -= 1
+
+
+def adapter_metadata(body: dict[str, Any], cache: AdapterCache | None, requested: str) -> dict[str, Any]:
+    """Model metadata for ``<model>:<id>`` (name as requested, the adapter in parameters) or with the adapter list."""
+    if cache is None:
+        return body
+    _, _, adapter = requested.partition(":")
+    body["parameters"]["adapters"] = cache.ids
+    if adapter:
+        body["name"], body["parameters"]["adapter_id"] = requested, adapter
+    return body
