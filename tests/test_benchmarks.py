@@ -63,3 +63,12 @@ def test_he_digits_benchmark_quick(tmp_path) -> None:
     assert set(report["runs"]) == {"tenseal_baseline", "veil_latency", "veil_throughput"}
     assert report["runs"]["veil_latency"]["max_abs_logit_error"] < 1e-2
     assert "<!-- he_digits:begin -->" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_adapters_serving_benchmark_quick(tmp_path) -> None:
+    module = load("adapters_serving")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results" / "adapters_serving.json").read_text())["bench"]
+    assert report["adapters"] == 8 and report["grouped_avg_batch"] > 1 and report["speedup"] > 0
+    assert "<!-- adapters_serving:begin -->" in (tmp_path / "results.md").read_text()
