@@ -70,5 +70,6 @@ def test_adapters_serving_benchmark_quick(tmp_path) -> None:
     module = load("adapters_serving")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results" / "adapters_serving.json").read_text())["bench"]
-    assert report["adapters"] == 8 and report["grouped_avg_batch"] > 1 and report["speedup"] > 0
+    assert [r["sequence"] for r in report] == [16, 32]
+    assert all(r["adapters"] == 8 and r["grouped_avg_batch"] > 1 and r["speedup"] > 0 for r in report)
     assert "<!-- adapters_serving:begin -->" in (tmp_path / "results.md").read_text()
