@@ -54,7 +54,14 @@ def test_encrypted_inference(tmp_path) -> None:
     assert "plan: 6 levels, N=16384" in out and "encrypted predictions:" in out
 
 
+def test_finetune_lora_minilm(tmp_path) -> None:
+    out = run("finetune_lora_minilm.py", "--train-size", "16", "--epochs", "1", "--task", "number",
+              "--out", str(tmp_path / "lora"))
+    assert "trainable params:" in out and "test accuracy:" in out and "max |logit diff|" in out
+    assert (tmp_path / "lora" / "adapter_model.safetensors").is_file()
+
+
 def test_every_example_is_tested() -> None:
     tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py", "serve_and_query.py", "export_polycnn.py",
-              "export_minilm.py", "encrypted_inference.py"}
+              "export_minilm.py", "encrypted_inference.py", "finetune_lora_minilm.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested

@@ -17,8 +17,8 @@ from veil import __version__
 GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
     "train": ("train models from scratch", {"uldnet": "veil.training.uldnet.cli"},
               "veil train uldnet --preset digits --arch cnn --out runs/polycnn"),
-    "finetune": ("adapter fine-tuning: LoRA, PSOFT, mtLoRA, E2LoRA, LoRA-Mixer, VAPT", {},
-                 "veil finetune lora MODEL --data DATA --out DIR"),
+    "finetune": ("adapter fine-tuning: LoRA, PSOFT, mtLoRA, E2LoRA, LoRA-Mixer, VAPT", {"": "veil.training.adapters.cli"},
+                 "veil finetune --method lora --model bundled:all-MiniLM-L6-v2 --task sentiment --out runs/lora"),
     "compress": ("compression: SAES-SVD, HEAPr, safety realignment", {},
                  "veil compress MODEL --recipe recipe.yaml --calibration DATA --out DIR"),
     "export": ("checkpoint -> ONNX in a Triton-layout model repository", {"onnx": "veil.export.cli", "he": "veil.export.he_cli",

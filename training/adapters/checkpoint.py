@@ -35,14 +35,20 @@ def write_adapter(out_dir: str | Path, config: dict[str, Any], state: dict[str, 
     Raises:
         ValueError: ``state`` is empty (an empty checkpoint is refused, not written).
     """
+    out_dir = Path(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        write_files(tmp, config, state)
+    return out_dir
+
+
+def write_files(folder: Path, config: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    """The two files, written into an existing (temporary) folder; see :func:`write_adapter`."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     if not tensors:
         raise ValueError("save_pretrained: expected adapter tensors, received none (nothing to save)")
-    out_dir = Path(out_dir)
-    with atomic_dir(out_dir) as tmp:
-        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
-        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-    return out_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
 
 
 def read_config(path: str | Path):

