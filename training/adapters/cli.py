@@ -42,7 +42,7 @@ def run(argv: list[str] | None = None) -> dict:
     """Parse, train and save; returns the metrics dict that ``main`` prints."""
     from .data import make_task
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help / usage errors raise SystemExit
     cfg = FinetuneConfig.from_args(args)
     task = make_task(cfg.task, (cfg.train_size, cfg.val_size, cfg.test_size), seed=cfg.seed)
     base, tokenizer = build_classifier(args.model, len(task.label_names), cfg.seed)
@@ -70,7 +70,12 @@ def run(argv: list[str] | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    print(json.dumps(run(argv), indent=2))
+    """Run and print the metrics JSON; ``--help`` and usage errors return argparse's status instead of exiting."""
+    try:
+        metrics = run(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): the caller exits
+        return exc.code if isinstance(exc.code, int) else 2
+    print(json.dumps(metrics, indent=2))
     return 0
 
 
