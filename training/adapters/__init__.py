@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import lora, psoft
+from . import e2lora, lora, psoft
 from .config import AdapterConfig
+from .e2lora import E2LoraConfig
 from .lora import LoraConfig
 from .model import AdapterModel
 from .psoft import PsoftConfig
@@ -24,5 +25,5 @@ def inject(model: nn.Module, config: AdapterConfig) -> AdapterModel:
     return get_method(config.method).model_cls(model, config)
 
 
-__all__ = ["METHODS", "AdapterConfig", "AdapterMethod", "AdapterModel", "LoraConfig", "PsoftConfig", "inject",
-           "lora", "psoft", "register_method"]
+__all__ = ["METHODS", "AdapterConfig", "AdapterMethod", "AdapterModel", "E2LoraConfig", "LoraConfig", "PsoftConfig",
+           "e2lora", "inject", "lora", "psoft", "register_method"]
