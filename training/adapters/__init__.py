@@ -16,6 +16,7 @@ from .config import AdapterConfig
 from .e2lora import E2LoraConfig
 from .lora import LoraConfig
 from .model import AdapterModel
+from .mtlora import MtLoraConfig  # noqa: F401  (registers the mtlora method)
 from .psoft import PsoftConfig
 from .registry import METHODS, AdapterMethod, get_method, register_method
 

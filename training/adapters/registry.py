@@ -21,6 +21,7 @@ class AdapterMethod(str, enum.Enum):
 
     LORA = "lora"
     PSOFT = "psoft"
+    MTLORA = "mtlora"
     E2LORA = "e2lora"
 
 
