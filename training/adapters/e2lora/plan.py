@@ -87,6 +87,10 @@ def probe_gradients(model: nn.Module, config: E2LoraConfig, loss_fn: Callable[[n
         w.requires_grad_(True)
     try:
         loss_fn(model).backward()
+        unused = [n for n, w in weights.items() if w.grad is None]
+        if unused:
+            raise ValueError(f"target_modules: expected modules the loss depends on, received {unused} with no "
+                             "gradient; add them to exclude_modules")
         grads = {n: w.grad.detach().clone() * config.grad_scale for n, w in weights.items()}
     finally:
         for p, flag in flags.items():
