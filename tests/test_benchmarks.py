@@ -73,3 +73,15 @@ def test_adapters_serving_benchmark_quick(tmp_path) -> None:
     assert [r["sequence"] for r in report] == [16, 32]
     assert all(r["adapters"] == 8 and r["grouped_avg_batch"] > 1 and r["speedup"] > 0 for r in report)
     assert "<!-- adapters_serving:begin -->" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_adapters_mtlora_benchmark_quick(tmp_path) -> None:
+    module = load("adapters_mtlora")
+    (tmp_path / "results.md").write_text("# results\n\nkept text\n")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "kept text" in text and text.count("<!-- adapters_mtlora:begin -->") == 1 and "| mtLoRA |" in text
+    summary = json.loads((tmp_path / "results" / "adapters_mtlora.json").read_text())["summary"]
+    by = {row["method"]: row for row in summary}
+    assert by["mtLoRA"]["trainable"] <= by["LoRA (shared)"]["trainable"] and len(by["mtLoRA"]["per_task_r2"]) == 20
