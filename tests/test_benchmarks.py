@@ -76,6 +76,16 @@ def test_adapters_serving_benchmark_quick(tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_adapters_e2lora_benchmark_quick(tmp_path) -> None:
+    module = load("adapters_e2lora")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results" / "adapters_e2lora.json").read_text())
+    assert {r["method"] for r in report["runs"]} == {"lora", "e2lora"}
+    assert all(r["e2lora_adapter_params"] < r["lora_adapter_params"] for r in report["summary"])
+    assert "<!-- adapters_e2lora:begin -->" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow
 def test_adapters_mtlora_benchmark_quick(tmp_path) -> None:
     module = load("adapters_mtlora")
     (tmp_path / "results.md").write_text("# results\n\nkept text\n")
