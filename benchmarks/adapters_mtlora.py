@@ -81,10 +81,10 @@ def run(seeds: list[int], steps: int, batch: int, per_task: int, num_tasks: int)
     summary = []
     for name in methods():
         mine = [r for r in rows if r["method"] == name]
-        per_task = [sum(r["per_task_r2"][k] for r in mine) / len(mine) for k in range(num_tasks)]
+        task_r2 = [sum(r["per_task_r2"][k] for r in mine) / len(mine) for k in range(num_tasks)]
         spec = [sum(r["per_task_specific_r2"][k] for r in mine) / len(mine) for k in range(num_tasks)]
-        summary.append({"method": name, "trainable": mine[0]["trainable"], "per_task_r2": per_task,
-                        "mean_r2": sum(per_task) / num_tasks, "min_task_r2": min(per_task),
+        summary.append({"method": name, "trainable": mine[0]["trainable"], "per_task_r2": task_r2,
+                        "mean_r2": sum(task_r2) / num_tasks, "min_task_r2": min(task_r2),
                         "per_task_specific_r2": spec, "mean_specific_r2": sum(spec) / num_tasks})
     return {"setting": {"tasks": num_tasks, "seeds": seeds, "steps": steps, "batch": batch, "test_per_task": per_task,
                         "d": D, "mtlora": {"r": RANK, "experts": EXPERTS, "groups": GROUPS,
