@@ -19,6 +19,7 @@ from .model import AdapterModel
 from .mtlora import MtLoraConfig  # noqa: F401  (registers the mtlora method)
 from .psoft import PsoftConfig
 from .registry import METHODS, AdapterMethod, get_method, register_method
+from .vapt import VaptConfig  # noqa: F401  (registers the vapt method)
 
 
 def inject(model: nn.Module, config: AdapterConfig) -> AdapterModel:
