@@ -15,6 +15,7 @@ from . import e2lora, lora, psoft
 from .config import AdapterConfig
 from .e2lora import E2LoraConfig
 from .lora import LoraConfig
+from .loramixer import LoraMixerConfig  # noqa: F401  (registers the loramixer method)
 from .model import AdapterModel
 from .mtlora import MtLoraConfig  # noqa: F401  (registers the mtlora method)
 from .psoft import PsoftConfig

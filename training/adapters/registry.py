@@ -23,6 +23,7 @@ class AdapterMethod(str, enum.Enum):
     PSOFT = "psoft"
     MTLORA = "mtlora"
     E2LORA = "e2lora"
+    LORAMIXER = "loramixer"
     VAPT = "vapt"
 
 
