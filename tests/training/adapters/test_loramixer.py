@@ -189,14 +189,19 @@ def test_entropy_sign_direction(sign, down) -> None:
 def test_joint_regime_hard_then_soft_with_preserve() -> None:
     model = inject(tiny_bert(), LoraMixerConfig(num_experts=2, routing="hard", target_modules=QKVO,
                                                 preserve_beta=1.0, preserve_experts=[0]))
-    assert float(model.aux_loss()) == 0.0  # hard routing has no RSL
+    assert model.aux_loss().item() == 0.0  # hard routing has no RSL
     with pytest.raises(ValueError, match="set_domains"):
         out(model)
+    model.set_domains([0, 0])  # stage 1: only the domain's expert learns, the router gets no gradient
+    model(input_ids=ids()).last_hidden_state.pow(2).mean().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "experts.0.lora_B" in n)
+    assert all(g is None for n, g in grads.items() if "experts.1." in n or "lora_router" in n)
     model.begin_soft_stage()
-    assert model.config.routing == "soft" and float(model.preserve_loss()) == 0.0
+    assert model.config.routing == "soft" and model.preserve_loss().item() == 0.0
     with torch.no_grad():
         next(p for n, p in model.named_parameters() if "experts.0.lora_B" in n).add_(1.0)
-    assert float(model.preserve_loss()) > 0
+    assert model.preserve_loss().item() > 0
 
 
 def test_merge_refused_unless_fixed(tmp_path) -> None:
