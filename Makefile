@@ -26,8 +26,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu and not slow" --timeout=600
 
+BENCHMARKS := uldnet_digits export_minilm serve_http he_digits adapters_serving adapters_mtlora adapters_e2lora
+
 bench: $(STAMP)
-	$(PY) benchmarks/uldnet_digits.py
+	for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py || exit 1; done
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
