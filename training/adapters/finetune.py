@@ -29,13 +29,16 @@ class FinetuneConfig(Config):
     """Training settings of ``veil finetune`` (the adapter's own settings live in its method config)."""
 
     # adapter
-    method: Literal["lora", "psoft", "probe"] = field("lora", "adapter method; 'probe' trains the head only")
+    method: Literal["lora", "psoft", "mtlora", "e2lora", "loramixer", "vapt", "probe"] = field(
+        "lora", "adapter method (every registered one); 'probe' trains the head only")
     r: int = field(8, "adapter rank")
     alpha: float = field(16.0, "scaling numerator (lora_alpha / psoft_alpha)")
     dropout: float = field(0.0, "adapter dropout")
-    target_modules: list[str] = field(["query", "key", "value", "dense"], "module names to adapt, or all-linear")
+    target_modules: list[str] = field(["query", "key", "value", "dense"], "module names to adapt, or all-linear "
+                                      "(loramixer/mtlora/vapt: their own BERT/ViT defaults unless given)")
     # data
-    task: Literal["sentiment", "number", "topic"] = field("sentiment", "templated task (see docs/adapters.md)")
+    task: Literal["sentiment", "number", "topic", "digits-5to9"] = field(
+        "sentiment", "templated text task, or the tiny-ViT digits 0-4 -> 5-9 workload (see docs/adapters.md)")
     train_size: int = field(384, "training examples")
     val_size: int = field(120, "validation examples")
     test_size: int = field(240, "test examples")
@@ -43,12 +46,14 @@ class FinetuneConfig(Config):
     # optimisation
     epochs: int = field(2, "passes over the training set")
     batch_size: int = field(32, "examples per step")
-    lr: float = field(2e-3, "AdamW learning rate (adapter and head)")
+    lr: float = field(2e-3, "AdamW learning rate (adapter and head; digits-5to9 default: 1e-2)")
+    pretrain_epochs: int = field(30, "digits-5to9: epochs of pre-training the tiny ViT on digits 0-4")
     weight_decay: float = field(0.0, "AdamW weight decay")
     seed: int = field(0, "seed of the data, the head and the adapter init")
 
     def validate(self) -> None:
-        for name in ("r", "train_size", "val_size", "test_size", "max_length", "epochs", "batch_size"):
+        for name in ("r", "train_size", "val_size", "test_size", "max_length", "epochs", "batch_size",
+                     "pretrain_epochs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"FinetuneConfig.{name}: expected >= 1, received {getattr(self, name)}")
         if self.lr <= 0:

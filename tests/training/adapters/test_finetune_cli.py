@@ -57,3 +57,72 @@ def test_lora_beats_the_linear_probe_on_sentiment(tmp_path) -> None:
     lora = run(["--method", "lora", "--task", "sentiment", "--out", str(tmp_path / "l"), "--no-progress"])
     assert lora["test_accuracy"] >= 0.9
     assert lora["test_accuracy"] >= probe["test_accuracy"] + 0.15
+
+
+# -- every registered method ----------------------------------------------------------------------------------------
+DIGITS_TINY = ["--task", "digits-5to9", "--pretrain-epochs", "1", "--epochs", "1", "--no-progress"]
+
+
+def test_help_lists_every_method(capsys: pytest.CaptureFixture[str]) -> None:
+    from veil.training.adapters import METHODS
+
+    assert veil_main(["finetune", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(m.value in out for m in METHODS) and "probe" in out and "digits-5to9" in out
+    assert "--mtlora-num-experts" in out and "--config" in out
+
+
+def test_e2lora_plans_then_writes_native_and_plain_lora(tmp_path) -> None:
+    metrics = run(["--method", "e2lora", "--task", "number", "--out", str(tmp_path / "e"), *TINY])
+    plan = metrics["share_intervals"]
+    assert plan and all(len(iv) == 3 for ivs in plan.values() for iv in ivs)
+    native = json.loads((tmp_path / "e" / "adapter_config.json").read_text())
+    assert native["peft_type"] == "E2LORA" and native["share_intervals"] == plan
+    assert "pooler.dense" not in str(plan)  # the mean-pool head never uses the pooler
+    export = json.loads((tmp_path / "e" / "as_lora" / "adapter_config.json").read_text())
+    assert export["peft_type"] == "LORA" and export["modules_to_save"] == ["classifier"]
+
+
+@pytest.mark.parametrize(("extra", "targets"), [
+    ([], ["intermediate"]),
+    (["--mtlora-block-adapter-type", "both", "--mtlora-num-experts", "2"], ["intermediate", "attention"]),
+])
+def test_mtlora_wraps_bert_sub_layers(extra: list[str], targets: list[str], tmp_path) -> None:
+    metrics = run(["--method", "mtlora", "--task", "number", "--out", str(tmp_path / "m"), *extra, *TINY])
+    config = json.loads((tmp_path / "m" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "MTLORA" and config["target_modules"] == targets
+    assert 0.0 <= metrics["test_accuracy"] <= 1.0 and "aux_loss" in metrics["history"][0]
+
+
+def test_loramixer_maps_qkvo_to_bert_and_config_json_is_overridden_by_flags(tmp_path) -> None:
+    run(["--method", "loramixer", "--task", "number", "--out", str(tmp_path / "x"),
+         "--config", '{"num_experts": 2, "routing": "topk", "top_k": 1}', "--loramixer-num-experts", "3", *TINY])
+    config = json.loads((tmp_path / "x" / "adapter_config.json").read_text())
+    assert config["target_modules"] == ["query", "key", "value", "attention.output.dense"]
+    assert (config["num_experts"], config["routing"], config["top_k"]) == (3, "topk", 1)
+
+
+@pytest.mark.parametrize("method", ["vapt", "probe", "lora"])
+def test_digits_workload_runs_on_the_tiny_vit(method: str, tmp_path) -> None:
+    metrics = run(["--method", method, "--out", str(tmp_path / "d"), *DIGITS_TINY])
+    assert metrics["labels"] == ["5", "6", "7", "8", "9"] and 0.0 <= metrics["test_accuracy"] <= 1.0
+    assert "pretrain_accuracy_0_4" in metrics and (tmp_path / "d" / "base" / "config.json").exists()
+    if method != "probe":
+        config = json.loads((tmp_path / "d" / "adapter_config.json").read_text())
+        assert config["peft_type"] == method.upper()
+    if method == "vapt":
+        assert metrics["trainable_params"] < 2000  # prompts + projector + head
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--method", "vapt", "--task", "sentiment"], "ViT-only"),
+    (["--method", "unknown"], "invalid choice: 'unknown'"),
+    (["--method", "mtlora", "--task", "digits-5to9"], "supports probe, lora, vapt"),
+    (["--task", "digits-5to9", "--model", "bundled:all-MiniLM-L6-v2"], "expected --model vit-digits"),
+    (["--method", "loramixer", "--config", "[1]"], "expected a JSON object"),
+])
+def test_bad_combinations_are_clear_exit_2_errors(argv: list[str], message: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert veil_main(["finetune", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "usage: veil finetune --method METHOD" in err
