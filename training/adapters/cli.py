@@ -40,6 +40,7 @@ EXAMPLE = """example:
   veil finetune --method probe --task sentiment      # frozen encoder, head only (the baseline)
 """
 VIT_METHODS = ("probe", "lora", "vapt")
+DIGITS_DEFAULTS = {"lr": 1e-2, "epochs": 30, "batch_size": 64, "weight_decay": 1e-4}
 
 
 def build_parser(prog: str = "veil finetune") -> argparse.ArgumentParser:
@@ -151,9 +152,11 @@ def run_digits(parser: argparse.ArgumentParser, args, cfg: FinetuneConfig, model
         model = base
     else:
         model = inject_or_exit(parser, base, adapter_cfg, cfg.method)
-    lr = args.lr if args.lr is not None else 1e-2
+    # the digits workload's own defaults (vapt/digits.py) unless given on the command line
+    given = {k: getattr(args, k) for k in DIGITS_DEFAULTS if getattr(args, k) is not None}
+    cfg = cfg.replace(**{**DIGITS_DEFAULTS, **given})
     metrics = {"method": cfg.method, "task": cfg.task, "labels": [str(d) for d in range(5, 10)], **info,
-               **train_digits(model, cfg, lr, progress=not args.no_progress)}
+               **train_digits(model, cfg, cfg.lr, progress=not args.no_progress)}
     return model, metrics, extra
 
 

@@ -46,7 +46,7 @@ class FinetuneConfig(Config):
     # optimisation
     epochs: int = field(2, "passes over the training set")
     batch_size: int = field(32, "examples per step")
-    lr: float = field(2e-3, "AdamW learning rate (adapter and head; digits-5to9 default: 1e-2)")
+    lr: float = field(2e-3, "AdamW learning rate (adapter and head); digits-5to9: 1e-2, 30 epochs, batch 64")
     pretrain_epochs: int = field(30, "digits-5to9: epochs of pre-training the tiny ViT on digits 0-4")
     weight_decay: float = field(0.0, "AdamW weight decay")
     seed: int = field(0, "seed of the data, the head and the adapter init")
