@@ -83,7 +83,7 @@ def run(argv: list[str] | None = None) -> dict:
     model_name = args.model or (VIT_DIGITS if cfg.task == DIGITS_TASK else BUNDLED_MINILM)
     check_workload(parser, cfg, model_name)
     runner = run_digits if cfg.task == DIGITS_TASK else run_text
-    model, metrics, extra = runner(parser, args, cfg, model_name)
+    model, metrics, extra, cfg = runner(parser, args, cfg, model_name)  # cfg: with the workload's defaults
     out = args.out or Path("runs") / f"{cfg.method}-{cfg.task}"
     with atomic_dir(out) as tmp:
         if cfg.method != "probe":
@@ -134,7 +134,7 @@ def run_text(parser: argparse.ArgumentParser, args, cfg: FinetuneConfig, model_n
                **train(model, tokenizer, task, cfg, progress=not args.no_progress)}
     if cfg.method == "e2lora":
         metrics["share_intervals"] = adapter_cfg.share_intervals
-    return model, metrics, {}
+    return model, metrics, {}, cfg
 
 
 def run_digits(parser: argparse.ArgumentParser, args, cfg: FinetuneConfig, model_name: str):
@@ -157,7 +157,7 @@ def run_digits(parser: argparse.ArgumentParser, args, cfg: FinetuneConfig, model
     cfg = cfg.replace(**{**DIGITS_DEFAULTS, **given})
     metrics = {"method": cfg.method, "task": cfg.task, "labels": [str(d) for d in range(5, 10)], **info,
                **train_digits(model, cfg, cfg.lr, progress=not args.no_progress)}
-    return model, metrics, extra
+    return model, metrics, extra, cfg
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -135,3 +135,9 @@ def test_vapt_beats_the_probe_on_digits_with_the_workload_defaults(tmp_path) -> 
                 "--no-progress"])
     assert probe["pretrain_accuracy_0_4"] >= 0.9
     assert vapt["test_accuracy"] >= probe["test_accuracy"] + 0.05  # measured 75.5 % vs 65.8 %
+
+
+def test_digits_settings_file_records_the_workload_defaults(tmp_path) -> None:
+    run(["--method", "probe", "--out", str(tmp_path / "d"), *DIGITS_TINY])
+    saved = json.loads((tmp_path / "d" / "finetune.json").read_text())
+    assert (saved["lr"], saved["batch_size"], saved["epochs"], saved["task"]) == (1e-2, 64, 1, "digits-5to9")
