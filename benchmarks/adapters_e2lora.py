@@ -39,7 +39,7 @@ from veil.training.adapters.finetune import (
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_e2lora"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_section  # noqa: E402
+from common import save_results  # noqa: E402
 
 
 def adapter_params(model: nn.Module) -> int:
@@ -121,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
                                f"{os.cpu_count()} CPUs", "torch": torch.__version__}}
     command = "python benchmarks/adapters_e2lora.py" + (" " + " ".join(argv) if argv else "")
-    (args.out / "results").mkdir(parents=True, exist_ok=True)
-    (args.out / "results" / f"{SECTION}.json").write_text(json.dumps(results, indent=1))
-    write_section(args.out / "results.md", SECTION, markdown(results, command))
+    save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results["summary"], indent=2))
     return 0
 

@@ -25,7 +25,7 @@ from veil.training.adapters.mtlora.synthetic import MultiTaskSuite, make_suite
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_mtlora"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_section  # noqa: E402
+from common import save_results  # noqa: E402
 
 D, RANK, EXPERTS, GROUPS = 64, 8, 8, 2
 
@@ -122,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (60 if args.quick else 1500)
     res = run(seeds, steps, batch=256, per_task=50 if args.quick else 200, num_tasks=20)
     command = ".venv/bin/python benchmarks/adapters_mtlora.py" + (" --quick" if args.quick else "")
-    (args.out / "results").mkdir(parents=True, exist_ok=True)
-    (args.out / "results" / f"{SECTION}.json").write_text(json.dumps(res, indent=1))
-    write_section(args.out / "results.md", SECTION, markdown(res, command))
+    save_results(args.out, SECTION, res, markdown(res, command))
     print(json.dumps(res["summary"], indent=1))
     return 0
 

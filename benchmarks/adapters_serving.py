@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_serving"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_section  # noqa: E402
+from common import save_results  # noqa: E402
 
 
 def build_repo(root: Path, quick: bool, adapters: int, max_batch: int) -> tuple[Path, int]:
@@ -154,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
                                "onnxruntime": ort.__version__, "threads": physical_cores()}}
     command = "python benchmarks/adapters_serving.py" + (" " + " ".join(argv) if argv else "")
-    (args.out / "results").mkdir(parents=True, exist_ok=True)
-    (args.out / "results" / f"{SECTION}.json").write_text(json.dumps(results, indent=1))
-    write_section(args.out / "results.md", SECTION, markdown(results, command))
+    save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results, indent=2))
     return 0
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 
 def write_section(results_md: Path, key: str, body: str) -> None:
@@ -17,3 +19,10 @@ def write_section(results_md: Path, key: str, body: str) -> None:
         text = text.rstrip() + "\n\n" + section + "\n"
     results_md.parent.mkdir(parents=True, exist_ok=True)
     results_md.write_text(text)
+
+
+def save_results(docs: Path, key: str, results: Any, body: str) -> None:
+    """Write ``docs/results/<key>.json`` and the ``key`` section of ``docs/results.md``."""
+    (docs / "results").mkdir(parents=True, exist_ok=True)
+    (docs / "results" / f"{key}.json").write_text(json.dumps(results, indent=1))
+    write_section(docs / "results.md", key, body)

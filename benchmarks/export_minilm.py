@@ -33,7 +33,7 @@ from veil.export.onnx_export import export_graph
 from veil.export.quantize import quantize_dynamic_int8
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_section
+from common import save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "threads": threads,
               "torch": torch.__version__, "onnxruntime": ort.__version__, "sequence": args.sequence,
               "rounds": args.rounds, "fused_ops": counts, "quality": quality, "results": results}
-    (args.out / "results").mkdir(parents=True, exist_ok=True)
-    (args.out / "results" / "export_minilm.json").write_text(json.dumps(report, indent=1))
-    write_section(args.out / "results.md", "export_minilm", markdown(report, "python benchmarks/export_minilm.py" + (" " + " ".join(argv) if argv else "")))
+    save_results(args.out, "export_minilm", report, markdown(report, "python benchmarks/export_minilm.py" + (" " + " ".join(argv) if argv else "")))
     print(json.dumps(report, indent=1))
     return 0
 

@@ -33,7 +33,7 @@ from veil.training.uldnet import ModelConfig, TrainConfig, load_digits_preset, t
 from veil.training.uldnet.config import DIGITS_HE_PRESET
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_section
+from common import save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE_CHAIN = [50] + [32] * 10 + [50]  # 10 levels (see tenseal_forward), log2 Q = 420 <= 438 at N=16384
@@ -158,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": command, "model": {"arch": "mlp", "width": args.width, "epochs": epochs,
                                             "plaintext_test_accuracy": float((reference.argmax(1) == data.y_test).mean())},
               "runs": runs, "ratios": ratios}
-    (args.out / "results").mkdir(parents=True, exist_ok=True)
-    (args.out / "results" / "he_digits.json").write_text(json.dumps(report, indent=1))
-    write_section(args.out / "results.md", "he_digits", markdown(report))
+    save_results(args.out, "he_digits", report, markdown(report))
     print(json.dumps({"ratios": ratios, **{k: {m: v[m] for m in ("argmax_agreement", "server_s_per_image")}
                                            for k, v in runs.items()}}, indent=1))
     return 0

@@ -42,7 +42,7 @@ WIDE_HIDDEN = 8192  # a compute-bound variant: 32 MB first layer, ~1.5 ms per ba
 SECTION = "serve_http"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_section  # noqa: E402
+from common import save_results  # noqa: E402
 
 
 def polycnn_model():
@@ -236,9 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "onnxruntime": ort.__version__, "threads": physical_cores(), "python": platform.python_version()}}
     command = "python benchmarks/serve_http.py" + (" " + " ".join(argv) if argv else "")
-    (args.out / "results").mkdir(parents=True, exist_ok=True)
-    (args.out / "results" / "serve_http.json").write_text(json.dumps(results, indent=1))
-    write_section(args.out / "results.md", SECTION, markdown(results, command))
+    save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results, indent=2))
     return 0
 

@@ -32,7 +32,7 @@ from veil.training.uldnet import (
 from veil.training.uldnet.config import DIGITS_PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_section
+from common import save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "uldnet_digits"
@@ -150,10 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             results["environment"]["cli_preset_wall_seconds"] = round(time_cli(Path(tmp) / "ck"), 1)
     rows = summarize(results)
     command = "python benchmarks/uldnet_digits.py" + (" " + " ".join(argv) if argv else "")
-    (args.out / "results").mkdir(parents=True, exist_ok=True)
-    (args.out / "results" / "uldnet_digits.json").write_text(json.dumps({**results, "summary": rows}, indent=1))
     plot(results, args.out / "img" / "uldnet_digits_val.png")
-    write_section(args.out / "results.md", SECTION, markdown(results, rows, command))
+    save_results(args.out, SECTION, {**results, "summary": rows}, markdown(results, rows, command))
     print(json.dumps(rows, indent=1))
     return 0
 

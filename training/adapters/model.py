@@ -11,7 +11,7 @@ inject(model, config) --> AdapterModel --forward--> model(...)   (targets wrappe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -77,13 +77,22 @@ class AdapterModel(nn.Module):
                      f"trainable%: {rep['percent']:.4f}")
         return "\n".join(lines)
 
+    # Why a method cannot be folded into its base weights (None: it can); merge/unmerge then refuse.
+    not_mergeable: ClassVar[str | None] = None
+
+    def _refuse_merge(self) -> None:
+        if self.not_mergeable is not None:
+            raise NotImplementedError(f"{type(self).__name__}.merge: {self.not_mergeable}")
+
     def merge(self) -> None:
         """Fold every adapter's ΔW into its base weight (forward is then the plain model's)."""
+        self._refuse_merge()
         for layer in self.adapter_layers().values():
             layer.merge()
 
     def unmerge(self) -> None:
         """Undo :meth:`merge`."""
+        self._refuse_merge()
         for layer in self.adapter_layers().values():
             layer.unmerge()
 

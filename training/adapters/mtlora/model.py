@@ -67,13 +67,7 @@ class MtLoraModel(AdapterModel):
             self.step += 1
         return loss
 
-    def merge(self) -> None:
-        raise NotImplementedError(
-            "MtLoraModel.merge: mtLoRA is not mergeable: its routing Π(x̂) depends on the input and the block adapter "
-            "runs beside a non-linear sub-layer, so no weight update W + ΔW reproduces it (spec §0)")
-
-    unmerge = merge
-
-    def merge_and_unload(self) -> nn.Module:
-        self.merge()
-        return self.model
+    not_mergeable = (
+        "mtLoRA is not mergeable: its routing Π(x̂) depends on the input and the block adapter "
+        "runs beside a non-linear sub-layer, so no weight update W + ΔW reproduces it (spec §0)"
+    )

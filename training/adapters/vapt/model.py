@@ -101,16 +101,10 @@ class VaptModel(AdapterModel):
             out.update({f"{PROJECTOR_KEY}{k}": v for k, v in self.feature_projector.state_dict().items()})
         return out
 
-    def merge(self) -> None:
-        raise NotImplementedError(
-            "VaptModel.merge: VAPT is not mergeable: its prompts are extra input tokens computed from each image, "
-            "not a weight update W + ΔW (spec §0); keep the VaptModel for inference")
-
-    unmerge = merge
-
-    def merge_and_unload(self) -> nn.Module:
-        self.merge()
-        return self.model
+    not_mergeable = (
+        "VAPT is not mergeable: its prompts are extra input tokens computed from each image, "
+        "not a weight update W + ΔW (spec §0); keep the VaptModel for inference"
+    )
 
 
 def vapt_param_count(config: VaptConfig, d: int, grid: tuple[int, int], num_blocks: int) -> int:
