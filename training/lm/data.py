@@ -31,6 +31,11 @@ MAX_CHUNK_BYTES = 4096  # a user's file is cut into chunks of at most this size 
 MIN_CHUNKS = 20  # ... and into at least this many, so a small file still has a held-out part
 
 
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    """(N,) uint8 view of ``data`` (torch.frombuffer refuses an empty buffer)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
 class ByteTokenizer:
     """Byte-level tokenizer: token id = byte value (0..255); exact round trip for any text."""
 
@@ -39,7 +44,7 @@ class ByteTokenizer:
     def encode(self, text: str | bytes) -> torch.Tensor:
         """(N,) int64 token ids of ``text`` (str is encoded as UTF-8)."""
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+        return _bytes_tensor(data).long()
 
     def decode(self, ids: torch.Tensor | list[int]) -> str:
         """Text of token ids; a byte sequence that is not valid UTF-8 decodes with U+FFFD in its place."""
@@ -87,7 +92,7 @@ def split_documents(docs: dict[str, bytes], held_out: float, source: str) -> Cor
         raise ValueError(f"{source}: held_out={held_out} is smaller than every document; expected a larger fraction")
 
     def stream(names: list[str]) -> torch.Tensor:
-        return torch.frombuffer(bytearray(SEPARATOR.join(docs[k] for k in names)), dtype=torch.uint8)
+        return _bytes_tensor(SEPARATOR.join(docs[k] for k in names))
 
     held = [k for k in keys if k in chosen]
     return Corpus(stream([k for k in keys if k not in chosen]), stream(held), source, held, len(keys))
