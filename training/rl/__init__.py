@@ -1,0 +1,19 @@
+"""veil.training.rl: GRPO for causal LMs with Advantage Reweighting and Lopti (Yang et al., ICLR 2026).
+
+Example:
+    >>> from veil.training.rl import GrpoConfig, GrpoTrainer, get_reward
+    >>> from veil.training.rl.toy import EOS, PAD, ToySortConfig, build_policy, sample_prompts, warm_start
+    >>> task = ToySortConfig(); policy = build_policy(task, seed=0); warm_start(policy, task, seed=0)
+    >>> trainer = GrpoTrainer(policy, GrpoConfig.preset("ar_lopti", lr=2e-3), get_reward("sort"), EOS, PAD)
+    >>> trainer.step(sample_prompts(8, task, torch.Generator().manual_seed(0)))["reward_mean"]
+"""
+
+from __future__ import annotations
+
+from . import toy  # noqa: F401  (registers the "sort" reward)
+from .config import PRESETS, GrpoConfig
+from .rewards import REWARDS, get_reward, register_reward
+from .trainer import Batch, GrpoTrainer, adapters_disabled, evaluate
+
+__all__ = ["PRESETS", "REWARDS", "Batch", "GrpoConfig", "GrpoTrainer", "adapters_disabled", "evaluate",
+           "get_reward", "register_reward"]
