@@ -41,7 +41,7 @@ def test_unknown_group_and_verb_are_errors(capsys: pytest.CaptureFixture[str]) -
     assert main(["nope"]) == 2
     assert "unknown group 'nope'" in capsys.readouterr().err
     assert main(["train", "nope"]) == 2
-    assert "unknown verb 'nope'; expected ['uldnet']" in capsys.readouterr().err
+    assert "unknown verb 'nope'; expected ['lm', 'uldnet']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["train", "uldnet", "--help"], ["demo", "--help"]])

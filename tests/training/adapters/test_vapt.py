@@ -170,3 +170,23 @@ def test_digits_vapt_beats_linear_probe() -> None:
 
     result = run_digits()
     assert result["vapt_accuracy"] > result["probe_accuracy"], result
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+def test_block_widens_an_attention_mask_over_the_prompts(dtype: torch.dtype) -> None:
+    """An encoder mask covers 1+N tokens; the block opens the N_p prompt rows/columns and keeps the rest."""
+    model = inject(make_vit(), VaptConfig(**KW)).eval()
+    block, n = blocks(model)[0], 1 + GRID[0] * GRID[1]
+    mask = torch.rand(2, 1, n, n, generator=torch.Generator().manual_seed(0)) > 0.3  # (B, 1, Q, K), True = attend
+    mask = mask if dtype == torch.bool else torch.where(mask, 0.0, float("-inf"))
+    wide = block.with_prompt_positions(mask)  # (B, 1, Q+N_p, K+N_p)
+    p, n_p, open_value = 1, KW["num_tokens"], True if dtype == torch.bool else 0.0
+    assert wide.shape == (2, 1, n + n_p, n + n_p)
+    keep = torch.cat([torch.arange(p), torch.arange(p + n_p, n + n_p)])
+    assert torch.equal(wide[:, :, keep][:, :, :, keep], mask)
+    assert (wide[:, :, p:p + n_p] == open_value).all() and (wide[:, :, :, p:p + n_p] == open_value).all()
+    # an all-attend mask of the encoder's length gives the same logits as no mask
+    x = images()
+    with torch.no_grad():
+        ones = model(pixel_values=x, attention_mask=torch.ones(2, n)).logits
+        assert torch.allclose(ones, model(pixel_values=x).logits, atol=1e-6)

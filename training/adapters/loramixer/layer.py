@@ -108,6 +108,9 @@ class LoraMixerLinear(AdapterLayer):
         weights, evaluated = self.routing(x)  # (..., E) each
         h = self.lora_dropout(x).reshape(-1, self.in_features)  # (N, in)
         w, m = weights.reshape(-1, self.num_experts), evaluated.reshape(-1, self.num_experts)  # (N, E)
+        if torch.compiler.is_exporting():  # a graph has no data-dependent gather: run every expert, weight by w
+            out = sum(w[:, e : e + 1] * expert(h) for e, expert in enumerate(self.experts))  # (N, out)
+            return out.reshape(*x.shape[:-1], self.out_features)
         out = h.new_zeros(h.shape[0], self.out_features)  # (N, out)
         for e, expert in enumerate(self.experts):
             rows = m[:, e].nonzero().squeeze(-1)  # tokens routed to expert e

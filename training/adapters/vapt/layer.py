@@ -123,10 +123,28 @@ class VaptBlock(AdapterLayer):
     def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # (B, P+N, d) -> (B, P+N, d)
         p = self.num_prefix
         x = torch.cat([hidden[:, :p], self.prompts(hidden), hidden[:, p:]], dim=1)  # (B, P+N_p+N, d)
+        if args and isinstance(args[0], torch.Tensor):  # the encoder's attention mask covers P+N tokens only
+            args = (self.with_prompt_positions(args[0]), *args[1:])
         out = self.base_layer(x, *args, **kwargs)
         y = out[0] if isinstance(out, tuple) else out
         y = torch.cat([y[:, :p], y[:, p + self.num_tokens:]], dim=1)  # prompt outputs dropped: (B, P+N, d)
         return (y, *out[1:]) if isinstance(out, tuple) else y
+
+    def with_prompt_positions(self, mask: torch.Tensor) -> torch.Tensor:
+        """Widen an attention mask (..., Q, K) over P+N tokens to P+N_p+N: prompts attend and are attended to.
+
+        transformers materialises a mask when tracing for export even if the caller passed none.
+        """
+        p, n_p = self.num_prefix, self.num_tokens
+        open_value = True if mask.dtype == torch.bool else 0.0  # bool masks: True = attend; float masks: 0 = attend
+        for dim in (-2, -1):
+            if mask.shape[dim] == 1:  # broadcast over this axis
+                continue
+            shape = list(mask.shape)
+            shape[dim] = n_p
+            prompt = torch.full(shape, open_value, dtype=mask.dtype, device=mask.device)
+            mask = torch.cat([mask.narrow(dim, 0, p), prompt, mask.narrow(dim, p, mask.shape[dim] - p)], dim=dim)
+        return mask
 
     def aux_loss(self) -> torch.Tensor:
         return torch.zeros(())
