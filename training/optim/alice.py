@@ -49,7 +49,8 @@ class Alice(torch.optim.Optimizer):
         p = β1 p + (1−β1)(1ᵀ G⊙G − 1ᵀ σ⊙σ) ;  C = √(m−r) (G − U σ) Diag(p)^{-1/2} ;  C ← η C  (limiter, Alg. 3)
         W ← W − λ α (U ω + α_c C)
 
-    State per matrix: U (m·r), Q̃ (r²), m and v (r·n each), p (n), φ (1) = m·r + r² + 2rn + n + 1 numbers.
+    State per matrix: U (m·r), Q̃ (r²), m and v (r·n each), p (n), φ (1) = m·r + r² + 2rn + n + 1 numbers
+    (float32 for 16-bit parameters, whose eigendecompositions run in float32).
     Ablations are settings: Alice-0 (no tracking) is ``betas[2] = 0``; no switching is ``leading = rank``
     (GaLore-like top-r refreshes); no compensation is ``alpha_c = 0``. Parameters with ndim < 2 and groups with
     ``algorithm="adam"`` are trained with Adam (AdamW when ``weight_decay > 0``); the paper trains the last
@@ -125,6 +126,8 @@ class Alice(torch.optim.Optimizer):
                 if group["weight_decay"]:
                     p.mul_(1 - group["lr"] * group["weight_decay"])
                 g = as_matrix(p.grad)
+                if g.dtype in (torch.float16, torch.bfloat16):
+                    g = g.float()  # eigh/QR need float32; the state is then float32 too
                 transposed = g.shape[0] > g.shape[1]
                 update = self._direction(g.T if transposed else g, state, group, index)
                 p.sub_((group["lr"] * group["alpha"]) * (update.T if transposed else update).reshape(p.shape))

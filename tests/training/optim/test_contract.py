@@ -105,3 +105,16 @@ def test_state_dict_resume_is_bit_identical(setup, name: str) -> None:
     _train(model2, opt2, loss_fn2, 4)
     assert all(torch.equal(reference[k], v) for k, v in model2.state_dict().items())
     assert optimizer_state_bytes(opt2) == optimizer_state_bytes(opt) > 0
+
+
+@pytest.mark.parametrize("name", ["racs", "alice", "adams", "lracs"])
+def test_bfloat16_parameters(pair_factory, name: str) -> None:
+    model = pair_factory(8, 6, 2, torch.bfloat16)
+    with torch.no_grad():
+        model.lora_B.weight.normal_()
+    opt = build_optimizer(name, model, lr=1e-3, **({"rank": 2, "leading": 1} if name == "alice" else {}))
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 8, dtype=torch.bfloat16)).float().pow(2).sum().backward()
+        opt.step()
+    assert all(p.dtype == torch.bfloat16 and torch.isfinite(p).all() for p in model.parameters())
