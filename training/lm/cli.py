@@ -37,7 +37,10 @@ def build_parser(prog: str = "veil train lm") -> argparse.ArgumentParser:
                         help="start from a JSON file with 'model' and 'train' objects (e.g. a checkpoint's config.json)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     LMModelConfig.add_arguments(parser)
-    LMTrainConfig.add_arguments(parser)
+    LMTrainConfig.add_arguments(parser, skip=("optimizer_args",))
+    parser.add_argument("--optimizer-args", type=json.loads, default=None, metavar="JSON",
+                        help='extra keyword arguments of the optimizer as a JSON object, e.g. \'{"rank": 16}\' '
+                             "(alice's default: rank hidden_size/4, leading 0.3 rank)")
     return parser
 
 
@@ -47,7 +50,9 @@ def configs_from_args(args: argparse.Namespace) -> tuple[LMModelConfig, LMTrainC
     model_base = dict(base.get("model", {}))
     if args.preset or not args.config:
         model_base.update(PRESETS[args.preset or "tiny"])
-    return LMModelConfig.from_args(args, base=model_base), LMTrainConfig.from_args(args, base=base.get("train"))
+    extra = {} if args.optimizer_args is None else {"optimizer_args": args.optimizer_args}
+    return (LMModelConfig.from_args(args, base=model_base),
+            LMTrainConfig.from_args(args, base=base.get("train"), **extra))
 
 
 def load_corpus(args: argparse.Namespace, held_out: float) -> Corpus:

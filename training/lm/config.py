@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from veil.config import Config, ConfigError, field
 
@@ -45,7 +46,10 @@ class LMTrainConfig(Config):
     steps: int = field(1000, "optimizer steps")
     batch_size: int = field(16, "windows per step")
     block_size: int = field(128, "bytes per window (context length during training)")
-    lr: float = field(3e-3, "peak learning rate (docs/lm.md lists the measured best per optimizer)")
+    lr: float | None = field(None, "peak learning rate (default: the optimizer's entry in LM_LR, picked by the "
+                                   "sweep of benchmarks/optim_lm.py)")
+    optimizer_args: dict[str, Any] = field({}, "extra keyword arguments of the optimizer, e.g. {\"rank\": 16} "
+                                               "for alice (default for alice: rank hidden_size/4, leading 0.3 rank)")
     weight_decay: float = field(0.0, "weight decay passed to the optimizer")
     warmup: float = field(0.1, "fraction of the steps with a linear learning-rate warm-up")
     min_lr_ratio: float = field(0.1, "the cosine decays the learning rate to this fraction of the peak")
@@ -56,6 +60,11 @@ class LMTrainConfig(Config):
     seed: int = field(0, "seed of initialisation and batch sampling")
     threads: int = field(0, "torch CPU threads (0 keeps torch's default)")
 
+    @property
+    def peak_lr(self) -> float:
+        """The learning rate the run uses: ``lr``, or the optimizer's LM default."""
+        return LM_LR[self.optimizer] if self.lr is None else self.lr
+
     def validate(self) -> None:
         allowed = full_model_optimizers()
         if self.optimizer not in allowed:
@@ -64,7 +73,14 @@ class LMTrainConfig(Config):
         for name in ("steps", "batch_size", "block_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"LMTrainConfig.{name}: expected >= 1, received {getattr(self, name)}")
-        for name in ("lr", "weight_decay", "grad_clip", "eval_blocks", "threads"):
+        if not isinstance(self.optimizer_args, dict):
+            raise ConfigError(f"LMTrainConfig.optimizer_args: expected a JSON object, received {self.optimizer_args!r}")
+        if self.lr is None and self.optimizer not in LM_LR:
+            raise ConfigError(f"LMTrainConfig.lr: expected a number (optimizer {self.optimizer!r} has no entry in "
+                              f"LM_LR {sorted(LM_LR)}), received None")
+        if self.lr is not None and self.lr <= 0:
+            raise ConfigError(f"LMTrainConfig.lr: expected > 0, received {self.lr}")
+        for name in ("weight_decay", "grad_clip", "eval_blocks", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"LMTrainConfig.{name}: expected >= 0, received {getattr(self, name)}")
         if not 0.0 <= self.warmup < 1.0:
@@ -74,6 +90,10 @@ class LMTrainConfig(Config):
         if not 0.0 < self.held_out < 1.0:
             raise ConfigError(f"LMTrainConfig.held_out: expected a fraction in (0, 1), received {self.held_out}")
 
+
+# Peak learning rate per optimizer on this LM when --lr is not given: the best of the sweep in
+# benchmarks/optim_lm.py (tiny preset, lowest final training loss; docs/results.md shows the sweep).
+LM_LR: dict[str, float] = {"adamw": 3e-3, "racs": 0.02, "alice": 0.02}
 
 # Size presets: LMModelConfig fields over the defaults (parameters counted with the byte vocabulary).
 PRESETS: dict[str, dict[str, int]] = {

@@ -38,6 +38,20 @@ class LMResult:
     train_loss: list[float] = field(default_factory=list)
 
 
+def optimizer_kwargs(model_config: LMModelConfig, train_config: LMTrainConfig) -> dict[str, Any]:
+    """Keyword arguments for ``build_optimizer``: weight decay, LM defaults, then ``optimizer_args``.
+
+    Alice's rank follows the paper's 60M ratio (r = 128, l = 40 at width 512): r = hidden_size / 4 and
+    l = 40/128 r. Its default r = 256 would cover every matrix of a tiny model in full (no compression, twice
+    Adam's memory).
+    """
+    kwargs: dict[str, Any] = {"weight_decay": train_config.weight_decay}
+    if train_config.optimizer == "alice":
+        rank = max(1, model_config.hidden_size // 4)
+        kwargs.update(rank=rank, leading=max(1, rank * 40 // 128))
+    return {**kwargs, **train_config.optimizer_args}
+
+
 def lr_factor(step: int, cfg: LMTrainConfig) -> float:
     """Multiplier of the peak lr at ``step`` (0-based): linear warm-up, then cosine down to ``min_lr_ratio``."""
     warmup = int(cfg.warmup * cfg.steps)
@@ -92,11 +106,12 @@ def train_lm(model_config: LMModelConfig, train_config: LMTrainConfig, corpus: C
     blocks = eval_blocks(corpus.held_out, cfg.block_size, cfg.eval_blocks)  # (N, T + 1)
     model = build_lm(model_config, seed=cfg.seed)
     model.train()
-    optimizer = build_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    kwargs = optimizer_kwargs(model_config, cfg)
+    optimizer = build_optimizer(cfg.optimizer, model, lr=cfg.peak_lr, **kwargs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     generator = torch.Generator().manual_seed(cfg.seed)
 
-    history = [_eval_point(0, evaluate(model, blocks), cfg.lr * lr_factor(0, cfg), None)]
+    history = [_eval_point(0, evaluate(model, blocks), cfg.peak_lr * lr_factor(0, cfg), None)]
     train_loss: list[float] = []
     start = time.perf_counter()
     bar = tqdm(range(1, cfg.steps + 1), desc=f"train lm ({cfg.optimizer})", disable=not progress, leave=False)
@@ -105,7 +120,7 @@ def train_lm(model_config: LMModelConfig, train_config: LMTrainConfig, corpus: C
         loss = next_byte_loss(model, x, y)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"training diverged at step {step}: loss {loss.item()}; lower --lr "
-                                     f"(received {cfg.lr}) for optimizer {cfg.optimizer!r}")
+                                     f"(received {cfg.peak_lr}) for optimizer {cfg.optimizer!r}")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip:
@@ -128,6 +143,8 @@ def train_lm(model_config: LMModelConfig, train_config: LMTrainConfig, corpus: C
         "held_out_bits_per_byte": final / math.log(2),
         "train_loss_last": sum(train_loss[-cfg.eval_every:]) / len(train_loss[-cfg.eval_every:]),
         "optimizer": cfg.optimizer,
+        "lr": cfg.peak_lr,
+        "optimizer_kwargs": kwargs,
         "optimizer_state_bytes": optimizer_state_bytes(optimizer),
         "parameter_bytes": param_bytes,
         "parameters": sum(p.numel() for p in model.parameters()),

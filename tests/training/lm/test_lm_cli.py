@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from veil.cli import main as veil_main
 from veil.training.lm.cli import main
+
+from veil.cli import main as veil_main
 
 TINY_RUN = ["--preset", "micro", "--steps", "6", "--batch-size", "4", "--block-size", "32", "--eval-every", "3",
             "--eval-blocks", "8", "--no-progress"]

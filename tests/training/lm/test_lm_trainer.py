@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
 import pytest
 import torch
-from veil.config import ConfigError
 from veil.training.lm import (
     PRESETS,
     LMModelConfig,
@@ -19,11 +19,14 @@ from veil.training.lm import (
     save_lm,
     train_lm,
 )
+from veil.training.lm.config import LM_LR, full_model_optimizers
 from veil.training.lm.data import eval_blocks
-from veil.training.lm.trainer import lr_factor
+from veil.training.lm.trainer import lr_factor, optimizer_kwargs
+
+from veil.config import ConfigError
 
 MICRO = LMModelConfig(**PRESETS["micro"])
-FAST = LMTrainConfig(steps=20, batch_size=8, block_size=64, eval_every=10, eval_blocks=16)
+FAST = LMTrainConfig(lr=3e-3, steps=20, batch_size=8, block_size=64, eval_every=10, eval_blocks=16)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor() -> None:
     cfg = LMTrainConfig(steps=100, warmup=0.1, min_lr_ratio=0.1)
     factors = [lr_factor(s, cfg) for s in range(100)]
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(factors[9:], factors[10:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(factors[9:]))
     assert factors[-1] == pytest.approx(0.1, abs=1e-3)
 
 
@@ -91,9 +94,31 @@ def test_lora_only_optimizers_are_refused(name: str) -> None:
 
 
 def test_unknown_optimizer_and_bad_sizes_are_refused(corpus) -> None:
-    with pytest.raises(ConfigError, match="LMTrainConfig.optimizer: expected one of .* received 'sgdx'"):
+    with pytest.raises(ConfigError, match=r"LMTrainConfig\.optimizer: expected one of .* received 'sgdx'"):
         LMTrainConfig(optimizer="sgdx")
-    with pytest.raises(ConfigError, match="LMModelConfig.hidden_size: expected a multiple of 2\\*num_heads=8"):
+    with pytest.raises(ConfigError, match=r"LMModelConfig\.hidden_size: expected a multiple of 2\*num_heads=8"):
         LMModelConfig(hidden_size=36, num_heads=4)
-    with pytest.raises(ValueError, match="LMTrainConfig.block_size: expected <= LMModelConfig.max_positions=32"):
+    with pytest.raises(ValueError, match=r"LMTrainConfig\.block_size: expected <= LMModelConfig\.max_positions=32"):
         train_lm(MICRO.replace(max_positions=32), FAST, corpus, progress=False)
+
+
+@pytest.mark.parametrize("name", full_model_optimizers())
+def test_every_full_model_optimizer_trains_the_lm(name: str, corpus) -> None:
+    cfg = FAST.replace(optimizer=name, lr=None, steps=30, eval_every=30)
+    result = train_lm(MICRO, cfg, corpus, progress=False)
+    assert result.metrics["lr"] == LM_LR[name] and result.metrics["optimizer"] == name
+    assert result.history[-1]["held_out_loss"] < result.history[0]["held_out_loss"] - 1.0
+    assert result.metrics["optimizer_state_bytes"] > 0
+    assert train_lm(MICRO, cfg, corpus, progress=False).train_loss == result.train_loss
+
+
+def test_optimizer_kwargs_scale_alice_to_the_model_and_user_args_win() -> None:
+    alice = LMTrainConfig(optimizer="alice")
+    assert optimizer_kwargs(MICRO, alice) == {"weight_decay": 0.0, "rank": 16, "leading": 5}
+    tuned = alice.replace(optimizer_args={"rank": 8, "alpha_c": 0.0})
+    assert optimizer_kwargs(MICRO, tuned) == {"weight_decay": 0.0, "rank": 8, "leading": 5, "alpha_c": 0.0}
+    assert optimizer_kwargs(MICRO, LMTrainConfig(optimizer="racs", weight_decay=0.1)) == {"weight_decay": 0.1}
+    with pytest.raises(ConfigError, match=r"LMTrainConfig\.optimizer_args: expected a JSON object, received 'rank=8'"):
+        LMTrainConfig(optimizer_args="rank=8")
+    with pytest.raises(ConfigError, match=r"LMTrainConfig\.lr: expected > 0, received -1"):
+        LMTrainConfig(lr=-1.0)
