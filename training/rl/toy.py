@@ -26,6 +26,7 @@ from .rollout import pad_prompts
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 FIRST_SYMBOL = 4
+LOW_PROB = 0.5  # the probability below which run_toy counts a token as low-probability, whatever the method's η
 
 
 @dataclass
@@ -137,11 +138,11 @@ def run_toy(task: ToySortConfig, cfg: GrpoConfig, steps: int, prompts_per_step: 
     for step in range(1, steps + 1):
         batch = trainer.make_batch(sample_prompts(prompts_per_step, task, prompt_gen))
         if step == 1:
-            share = {name: gradient_share(policy, batch, trainer.cfg.replace(ar=ar))["low_share"]
+            share = {name: gradient_share(policy, batch, trainer.cfg.replace(ar=ar, lopti_eta=LOW_PROB))["low_share"]
                      for name, ar in (("plain", False), ("ar", True))}
         stats = trainer.update(batch)
         history.append({"step": step, "reward": float(batch.rewards.mean()),
-                        "low_prob_token_frac": float(((batch.old_log_probs.exp() < cfg.lopti_eta)
+                        "low_prob_token_frac": float(((batch.old_log_probs.exp() < LOW_PROB)
                                                       & batch.rollout.response_mask.bool()).sum()
                                                      / batch.rollout.response_mask.sum()),
                         "high_prob_direction": high_prob_direction(policy, batch, trainer.cfg),
