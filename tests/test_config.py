@@ -82,6 +82,20 @@ def test_argparse_flags_generated_from_metadata() -> None:
         parser.parse_args(["--mode", "z"])
 
 
+def test_a_field_named_by_the_prefix_is_not_prefixed_twice() -> None:
+    @dataclass
+    class Method(Config):
+        method_scale: float = field(1.0, "named like PEFT's psoft_mag_a")
+        depth: int = field(2, "an ordinary field")
+
+    parser = argparse.ArgumentParser()
+    Method.add_arguments(parser, prefix="method-")
+    cfg = Method.from_args(parser.parse_args(["--method-scale", "0.3", "--method-depth", "4"]), prefix="method-")
+    assert (cfg.method_scale, cfg.depth) == (0.3, 4)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--method-method-scale", "0.3"])
+
+
 def test_write_atomic_replaces_whole_file_and_leaves_no_temp(tmp_path) -> None:
     target = tmp_path / "sub" / "f.json"
     write_atomic(target, "old")

@@ -133,7 +133,7 @@ class Config:
             if f.name in skip or (isinstance(hint, type) and issubclass(hint, Config)):
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            kwargs: dict[str, Any] = {"default": None, "dest": prefix.replace("-", "_") + f.name,
+            kwargs: dict[str, Any] = {"default": None, "dest": flag_dest(prefix, f.name),
                                       "help": f"{f.metadata.get('help', '')} (default: {default})"}
             origin, args = get_origin(hint), get_args(hint)
             if origin in _UNION_TYPES:
@@ -147,7 +147,7 @@ class Config:
                 kwargs.update(nargs="+", type=args[0] if args else str)
             else:
                 kwargs["type"] = hint if hint in (int, float, str) else str
-            group.add_argument("--" + (prefix + f.name).replace("_", "-"), **kwargs)
+            group.add_argument("--" + flag_dest(prefix, f.name).replace("_", "-"), **kwargs)
 
     @classmethod
     def from_args(cls: type[C], args: argparse.Namespace, prefix: str = "", base: dict[str, Any] | None = None,
@@ -155,11 +155,18 @@ class Config:
         """Start from ``base`` (a dict, or the defaults) and apply every ``--<prefix>`` flag the user gave."""
         values = dict(base or {})
         for f in dataclasses.fields(cls):
-            given = getattr(args, prefix.replace("-", "_") + f.name, None)
+            given = getattr(args, flag_dest(prefix, f.name), None)
             if given is not None:
                 values[f.name] = given
         values.update(overrides)
         return cls.from_dict(values)
+
+
+def flag_dest(prefix: str, name: str) -> str:
+    """argparse dest of field ``name`` under ``prefix``; a field already named by it is not prefixed twice
+    (PsoftConfig.psoft_mag_a -> ``--psoft-mag-a``, not ``--psoft-psoft-mag-a``)."""
+    stem = prefix.replace("-", "_")
+    return name if stem and name.startswith(stem) else stem + name
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
