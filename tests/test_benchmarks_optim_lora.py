@@ -22,6 +22,6 @@ def test_optim_lora_benchmark_quick(tmp_path) -> None:
     assert "kept text" in text and text.count("<!-- optim_lora:begin -->") == 1
     assert "python benchmarks/optim_lora.py --quick" in text
     summary = json.loads((tmp_path / "results" / "optim_lora.json").read_text())["summary"]
-    assert set(summary["mean"]) == {"adamw", "adams", "lracs"}
+    assert set(summary["mean"]) == {"adamw", "adams", "lracs", "lracs_bc"}
     assert summary["state_bytes"]["lracs"] < summary["state_bytes"]["adamw"] < summary["state_bytes"]["adams"]
     assert (tmp_path / "img" / "optim_lora_loss.png").stat().st_size > 10_000

@@ -150,6 +150,7 @@ class LRACS(_LoraSOptimizer):
         damping: δ added to MᵀM and NᵀN (1e-6); 0 is the exact lift.
         fixed_k: None solves for the Sylvester K (the paper); ε uses K = ε·I.
         weight_decay: AdamW decay of the non-pair parameters.
+        bias_correction: debias s_t, q_t by 1 − β^t (see :class:`RACS`; not in the paper, default False).
         adam_betas: AdamW's betas for the non-pair parameters (give them their own ``lr`` through
             ``lora_param_groups(model, rest={"lr": ...})``: RACS's λ is far above Adam's usual one).
 
@@ -161,7 +162,8 @@ class LRACS(_LoraSOptimizer):
 
     def __init__(self, params: Any, lr: float = 0.02, beta: float = 0.9, alpha: float = 0.05, gamma: float = 1.01,
                  iters: int = 5, eps: float = 1e-8, damping: float = 1e-6, fixed_k: float | None = None,
-                 weight_decay: float = 0.0, adam_betas: tuple[float, float] = (0.9, 0.999)) -> None:
+                 weight_decay: float = 0.0, bias_correction: bool = False,
+                 adam_betas: tuple[float, float] = (0.9, 0.999)) -> None:
         check_range("beta", beta, 0.0, 1.0)
         check_range("alpha", alpha, 0.0, open_low=True)
         check_range("gamma", gamma, 1.0)
@@ -171,7 +173,8 @@ class LRACS(_LoraSOptimizer):
             check_range(f"adam_betas[{i}]", b, 0.0, 1.0)
         super().__init__(params, {"lr": lr, "beta": beta, "alpha": alpha, "gamma": gamma, "iters": iters,
                                   "eps": eps, "damping": damping, "fixed_k": fixed_k,
-                                  "weight_decay": weight_decay, "adam_betas": tuple(adam_betas)})
+                                  "weight_decay": weight_decay, "bias_correction": bias_correction,
+                                  "adam_betas": tuple(adam_betas)})
 
     def _precondition(self, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> torch.Tensor:
         return racs_direction(grad, state, group)

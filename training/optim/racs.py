@@ -37,7 +37,8 @@ def racs_scaling(g2: torch.Tensor, iters: int) -> tuple[torch.Tensor, torch.Tens
 def racs_direction(grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> torch.Tensor:
     """Advance RACS's state (s, q, φ) with the matrix gradient ``grad`` (m×n) and return η α G̃ (m×n).
 
-    Shared by :class:`RACS` (on a weight's gradient) and LRACS (on a LoRA pair's Riemannian gradient).
+    Shared by :class:`RACS` (on a weight's gradient) and LRACS (on a LoRA pair's Riemannian gradient); the caller
+    has advanced ``state["step"]``.
     """
     m, n = grad.shape
     first = "s" not in state
@@ -48,7 +49,10 @@ def racs_direction(grad: torch.Tensor, state: dict[str, Any], group: dict[str, A
     s, q = racs_scaling(grad * grad, group["iters"])
     state["s"].lerp_(s, 1 - group["beta"])
     state["q"].lerp_(q, 1 - group["beta"])
-    scaled = grad / (state["q"].sqrt()[:, None] * state["s"].sqrt()[None, :] + group["eps"])  # (m, n)
+    # Adam-style debiasing of the product q_i s_j (an option; Alg. 1 has none, so its first steps are larger)
+    debias = (1 - group["beta"] ** state["step"]) ** 2 if group["bias_correction"] else 1.0
+    scale = (state["q"][:, None] * state["s"][None, :] / debias).sqrt()  # (m, n)
+    scaled = grad / (scale + group["eps"])  # (m, n)
     norm = torch.linalg.vector_norm(scaled)
     eta = limiter(norm, state["phi"], group["gamma"], first)
     state["phi"] = eta * norm
@@ -81,6 +85,8 @@ class RACS(torch.optim.Optimizer):
         eps: added to √(q_i s_j) (not in the paper; keeps all-zero rows finite).
         weight_decay: decoupled weight decay on every parameter (not in the paper; default 0).
         adam_betas: Adam's betas for the fallback parameters.
+        bias_correction: divide s_t and q_t by 1 − β^t as Adam does (not in the paper, default False). Without it
+            the first step is 1/(1−β) = 10× the steady-state size, which the paper's warm-up absorbs.
         algorithm: ``"racs"`` or ``"adam"`` (the whole group with Adam, e.g. the lm_head).
 
     Example:
@@ -90,7 +96,7 @@ class RACS(torch.optim.Optimizer):
 
     def __init__(self, params: Any, lr: float = 0.02, beta: float = 0.9, alpha: float = 0.05, gamma: float = 1.01,
                  iters: int = 5, eps: float = 1e-8, weight_decay: float = 0.0,
-                 adam_betas: tuple[float, float] = (0.9, 0.999),
+                 adam_betas: tuple[float, float] = (0.9, 0.999), bias_correction: bool = False,
                  algorithm: Literal["racs", "adam"] = "racs") -> None:
         check_range("lr", lr, 0.0)
         check_range("beta", beta, 0.0, 1.0)
@@ -105,7 +111,7 @@ class RACS(torch.optim.Optimizer):
             raise ValueError(f"algorithm: expected 'racs' or 'adam', received {algorithm!r}")
         super().__init__(params, {"lr": lr, "beta": beta, "alpha": alpha, "gamma": gamma, "iters": iters,
                                   "eps": eps, "weight_decay": weight_decay, "adam_betas": tuple(adam_betas),
-                                  "algorithm": algorithm})
+                                  "bias_correction": bias_correction, "algorithm": algorithm})
 
     @torch.no_grad()
     def step(self, closure: Closure = None) -> Any:

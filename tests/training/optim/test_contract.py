@@ -73,7 +73,7 @@ def test_closure_returns_the_loss(setup, name: str) -> None:
 
     with torch.no_grad():
         expected = float(loss_fn())
-    assert float(opt.step(closure)) == pytest.approx(expected)
+    assert float(opt.step(closure).detach()) == pytest.approx(expected)
     with torch.no_grad():
         assert float(loss_fn()) < expected
 

@@ -77,3 +77,17 @@ def test_vectors_fall_back_to_adam() -> None:
         ours.step()
         ref.step()
     assert torch.allclose(b1, b2, atol=1e-7)
+
+
+def test_bias_correction_option() -> None:
+    grad = _rank1_g()
+    steps = {}
+    for corrected in (False, True):
+        w = nn.Parameter(torch.zeros_like(grad))
+        opt = RACS([w], lr=1.0, beta=0.9, alpha=1.0, eps=0.0, bias_correction=corrected)
+        w.grad = grad.clone()
+        opt.step()
+        steps[corrected] = -w.detach()
+    # Alg. 1 as written: s_1 = 0.1 s, q_1 = 0.1 q, so the first step is 10x the fixed-point one; debiased: 1x
+    assert torch.allclose(steps[False].abs(), torch.full_like(grad, 10.0), rtol=1e-8)
+    assert torch.allclose(steps[True].abs(), torch.ones_like(grad), rtol=1e-8)
