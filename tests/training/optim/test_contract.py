@@ -118,3 +118,17 @@ def test_bfloat16_parameters(pair_factory, name: str) -> None:
         model(torch.randn(4, 8, dtype=torch.bfloat16)).float().pow(2).sum().backward()
         opt.step()
     assert all(p.dtype == torch.bfloat16 and torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_racs_and_alice_beat_sgd_at_the_same_lr(mlp_factory, regression) -> None:
+    """Spec §7.6.5: a 2-layer MLP on synthetic data, the same lr for all; Alice-0 (β3 = 0) tracks Alice early."""
+    x, y = regression
+    final = {}
+    for name, kwargs in (("sgd", {}), ("racs", {}), ("alice", {"rank": 4, "leading": 2}),
+                         ("alice0", {"rank": 4, "leading": 2, "betas": (0.9, 0.9, 0.0)})):
+        model = mlp_factory(0)
+        opt = (torch.optim.SGD(model.parameters(), lr=0.02) if name == "sgd"
+               else build_optimizer(name.rstrip("0"), model, lr=0.02, **kwargs))
+        final[name] = _train(model, opt, lambda model=model: ((model(x) - y) ** 2).mean(), 100)
+    assert final["racs"] < final["sgd"] and final["alice"] < final["sgd"]
+    assert abs(final["alice0"] - final["alice"]) < 0.25 * final["alice"]
