@@ -1,6 +1,6 @@
 """GRPO with Advantage Reweighting and Lopti on the toy sort task: a tiny Llama (optionally with LoRA adapters).
 
-    python examples/grpo_toy.py                                   # GRPO+AR+Lopti, 100 steps (~30 s on one core)
+    python examples/grpo_toy.py                                   # GRPO+AR+Lopti, 100 steps (~35 s on one core)
     python examples/grpo_toy.py --method grpo --steps 20 --lora   # plain GRPO on LoRA adapters only
 """
 

@@ -1,10 +1,11 @@
 """veil.training.rl: GRPO for causal LMs with Advantage Reweighting and Lopti (Yang et al., ICLR 2026).
 
 Example:
+    >>> import torch
     >>> from veil.training.rl import GrpoConfig, GrpoTrainer, get_reward
     >>> from veil.training.rl.toy import EOS, PAD, ToySortConfig, build_policy, sample_prompts, warm_start
     >>> task = ToySortConfig(); policy = build_policy(task, seed=0); warm_start(policy, task, seed=0)
-    >>> trainer = GrpoTrainer(policy, GrpoConfig.preset("ar_lopti", lr=2e-3), get_reward("sort"), EOS, PAD)
+    >>> trainer = GrpoTrainer(policy, GrpoConfig.preset("ar_lopti", lr=3e-4, max_new_tokens=7), get_reward("sort"), EOS, PAD)
     >>> trainer.step(sample_prompts(8, task, torch.Generator().manual_seed(0)))["reward_mean"]
 """
 
