@@ -93,7 +93,7 @@ class LMTrainConfig(Config):
 
 # Peak learning rate per optimizer on this LM when --lr is not given: the best of the sweep in
 # benchmarks/optim_lm.py (tiny preset, lowest final training loss; docs/results.md shows the sweep).
-LM_LR: dict[str, float] = {"adamw": 3e-3, "racs": 0.02, "alice": 0.02}
+LM_LR: dict[str, float] = {"adamw": 1e-3, "racs": 0.05, "alice": 0.02}
 
 # Size presets: LMModelConfig fields over the defaults (parameters counted with the byte vocabulary).
 PRESETS: dict[str, dict[str, int]] = {

@@ -19,6 +19,7 @@ sequences than a BPE tokenizer (~4x for English), which a tiny model with a 128-
 from __future__ import annotations
 
 import math
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,6 @@ class Corpus:
     documents: int
 
     def describe(self) -> dict[str, Any]:
-        import platform
-
         return {"source": self.source, "tokenizer": "bytes", "documents": self.documents,
                 "held_out_documents": self.held_out_documents,
                 "bytes": {"train": len(self.train), "held_out": len(self.held_out)},
