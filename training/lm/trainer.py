@@ -47,8 +47,8 @@ def optimizer_kwargs(model_config: LMModelConfig, train_config: LMTrainConfig) -
     """
     kwargs: dict[str, Any] = {"weight_decay": train_config.weight_decay}
     if train_config.optimizer == "alice":
-        rank = max(1, model_config.hidden_size // 4)
-        kwargs.update(rank=rank, leading=max(1, rank * 40 // 128))
+        rank = train_config.optimizer_args.get("rank", max(1, model_config.hidden_size // 4))
+        kwargs.update(rank=rank, leading=max(1, rank * 40 // 128))  # leading follows a user's rank too
     return {**kwargs, **train_config.optimizer_args}
 
 

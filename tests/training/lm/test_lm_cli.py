@@ -52,3 +52,13 @@ def test_refused_optimizer_names_the_field(tmp_path, capsys: pytest.CaptureFixtu
     assert not (tmp_path / "x").exists()
     assert veil_main(["train", "lm", *TINY_RUN, "--text", str(tmp_path / "nope.txt")]) == 2
     assert "--text: expected an existing file" in capsys.readouterr().err
+
+
+def test_optimizer_args_reach_the_optimizer(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*TINY_RUN, "--optimizer", "alice", "--optimizer-args", '{"rank": 4, "alpha_c": 0.0}',
+                 "--out", str(tmp_path / "a")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["optimizer_kwargs"] == {"weight_decay": 0.0, "rank": 4, "leading": 1, "alpha_c": 0.0}
+    assert printed["lr"] == 0.02
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())["train"]
+    assert saved["optimizer_args"] == {"rank": 4, "alpha_c": 0.0} and saved["lr"] is None

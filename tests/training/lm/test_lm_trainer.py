@@ -116,7 +116,7 @@ def test_optimizer_kwargs_scale_alice_to_the_model_and_user_args_win() -> None:
     alice = LMTrainConfig(optimizer="alice")
     assert optimizer_kwargs(MICRO, alice) == {"weight_decay": 0.0, "rank": 16, "leading": 5}
     tuned = alice.replace(optimizer_args={"rank": 8, "alpha_c": 0.0})
-    assert optimizer_kwargs(MICRO, tuned) == {"weight_decay": 0.0, "rank": 8, "leading": 5, "alpha_c": 0.0}
+    assert optimizer_kwargs(MICRO, tuned) == {"weight_decay": 0.0, "rank": 8, "leading": 2, "alpha_c": 0.0}
     assert optimizer_kwargs(MICRO, LMTrainConfig(optimizer="racs", weight_decay=0.1)) == {"weight_decay": 0.1}
     with pytest.raises(ConfigError, match=r"LMTrainConfig\.optimizer_args: expected a JSON object, received 'rank=8'"):
         LMTrainConfig(optimizer_args="rank=8")
