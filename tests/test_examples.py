@@ -63,5 +63,7 @@ def test_finetune_lora_minilm(tmp_path) -> None:
 
 def test_every_example_is_tested() -> None:
     tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py", "serve_and_query.py", "export_polycnn.py",
-              "export_minilm.py", "encrypted_inference.py", "finetune_lora_minilm.py"}
+              "export_minilm.py", "encrypted_inference.py", "finetune_lora_minilm.py",
+              # tested beside their rooms: tests/training/{lm,optim,rl}/test_example.py
+              "train_tiny_lm.py", "optim_lora_minilm.py", "grpo_toy.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
