@@ -8,7 +8,7 @@ AR α 0.2 / 0.3 with Lopti, Lopti η 0.4 / 0.5 with AR) except the learning rate
 Target: AR and Lopti reach a higher reward than plain GRPO at equal steps. Writes docs/results/optim_grpo.json,
 the optim_grpo section of docs/results.md and docs/img/optim_grpo_reward.png.
 
-    python benchmarks/optim_grpo.py            # 6 configs x 3 seeds x 200 steps (~11 min on one busy core)
+    python benchmarks/optim_grpo.py            # 6 configs x 3 seeds x 200 steps (8-12 min on one shared core)
     python benchmarks/optim_grpo.py --quick --out /tmp/docs   # smoke: 2 methods, 1 seed, 6 steps
 """
 
@@ -38,6 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_results  # noqa: E402
 
 
+def columns(history: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Per-step records as one rounded list per measure (step i is index i − 1), to keep the JSON small."""
+    keys = ("reward", "low_prob_token_frac", "high_prob_direction")
+    return {k: [round(h[k], 4) for h in history] for k in keys}
+
+
 def summarise(runs: list[dict[str, Any]], methods: list[str], tail: int) -> list[dict[str, Any]]:
     """Per method: final held-out reward, training reward over the last ``tail`` steps and over all steps
     (mean ± std over seeds), the high-prob direction agreement and the first batch's low-token gradient share."""
@@ -48,13 +54,13 @@ def summarise(runs: list[dict[str, Any]], methods: list[str], tail: int) -> list
     for m in methods:
         rs = [r for r in runs if r["method"] == m]
         final = stat([r["eval"][-1][1] for r in rs])
-        last = stat([statistics.fmean(h["reward"] for h in r["history"][-tail:]) for r in rs])
-        auc = stat([statistics.fmean(h["reward"] for h in r["history"]) for r in rs])
+        last = stat([statistics.fmean(r["history"]["reward"][-tail:]) for r in rs])
+        auc = stat([statistics.fmean(r["history"]["reward"]) for r in rs])
         rows.append({"method": m, "eval_final_mean": final[0], "eval_final_std": final[1],
                      "train_last_mean": last[0], "train_last_std": last[1], "train_all_mean": auc[0],
                      "train_all_std": auc[1], "eval_start": statistics.fmean(r["eval"][0][1] for r in rs),
-                     "high_prob_direction": statistics.fmean(statistics.fmean(h["high_prob_direction"]
-                                                                             for h in r["history"]) for r in rs),
+                     "high_prob_direction": statistics.fmean(statistics.fmean(r["history"]["high_prob_direction"])
+                                                             for r in rs),
                      "seconds": statistics.fmean(r["seconds"] for r in rs)})
     return rows
 
@@ -62,7 +68,7 @@ def summarise(runs: list[dict[str, Any]], methods: list[str], tail: int) -> list
 def paired_gap(runs: list[dict[str, Any]], method: str, metric: str) -> str:
     """Per-seed difference to plain GRPO (same seed, same start, same prompts): mean ± std and how many seeds gain."""
     def value(r: dict[str, Any]) -> float:
-        return r["eval"][-1][1] if metric == "eval" else statistics.fmean(h["reward"] for h in r["history"])
+        return r["eval"][-1][1] if metric == "eval" else statistics.fmean(r["history"]["reward"])
 
     base = {r["seed"]: value(r) for r in runs if r["method"] == "grpo"}
     gaps = [value(r) - base[r["seed"]] for r in runs if r["method"] == method]
@@ -105,8 +111,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for m in results["methods"]:
         rs = [r for r in results["runs"] if r["method"] == m]
-        steps = [h["step"] for h in rs[0]["history"]]
-        train = [statistics.fmean(r["history"][i]["reward"] for r in rs) for i in range(len(steps))]
+        steps = list(range(1, len(rs[0]["history"]["reward"]) + 1))
+        train = [statistics.fmean(r["history"]["reward"][i] for r in rs) for i in range(len(steps))]
         k = max(1, len(steps) // 20)  # moving average over ~5 % of the run
         smooth = [statistics.fmean(train[max(0, i - k + 1):i + 1]) for i in range(len(train))]
         axes[0].plot(steps, smooth, label=m, ls="--" if m in ("lopti_reversed", "grpo_2epochs") else "-")
@@ -149,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods:
             t0 = time.perf_counter()
             out = run_toy(task, CONFIGS[m], steps, prompts_per_step, seed, policy_state=state)
-            runs.append({"method": m, "seed": seed, "history": out["history"], "eval": out["eval"],
+            runs.append({"method": m, "seed": seed, "history": columns(out["history"]), "eval": out["eval"],
+                         "optimizer_steps_per_rl_step": out["history"][0]["optimizer_steps"],
                          "seconds": time.perf_counter() - t0})
             if m == "grpo":
                 shares.append(out["initial_gradient_share"])
