@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -27,18 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from veil.training.adapters import LoraConfig, inject
 from veil.training.adapters.data import make_task
 from veil.training.adapters.finetune import (
     BUNDLED_MINILM,
     MINILM_HUB_ID,
     FinetuneConfig,
-    accuracy,
     build_classifier,
-    make_batches,
+    train,
 )
-from veil.training.optim import build_optimizer, optimizer_state_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "optim_lora"
@@ -56,7 +52,7 @@ from common import save_results  # noqa: E402
 
 
 def run_one(method: str, lr: float, task_name: str, seed: int, cfg: FinetuneConfig, head_lr: float) -> dict[str, Any]:
-    """Fine-tune LoRA with one optimizer and lr on one task; per-step loss, val and test accuracy."""
+    """Fine-tune LoRA with one optimizer and lr on one task (``veil finetune``'s loop); per-step loss and accuracy."""
     task = make_task(task_name, (cfg.train_size, cfg.val_size, cfg.test_size), seed=seed)
     base, tok = build_classifier(BUNDLED_MINILM, len(task.label_names), seed)
     model = inject(base, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, target_modules=list(cfg.target_modules),
@@ -64,26 +60,11 @@ def run_one(method: str, lr: float, task_name: str, seed: int, cfg: FinetuneConf
                                     task_type="SEQ_CLS", base_model_name_or_path=MINILM_HUB_ID))
     name, options = METHODS[method]
     extra = {"adam_lr": head_lr} if name == "lracs" else {}
-    opt = build_optimizer(name, model, lr=lr, weight_decay=cfg.weight_decay, **options, **extra)
-    steps = cfg.epochs * math.ceil(len(task.train.texts) / cfg.batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / steps)  # linear decay to 0, as finetune
-    torch.manual_seed(seed)
-    losses, start = [], time.perf_counter()
-    for epoch in range(cfg.epochs):
-        model.train()
-        for b in make_batches(tok, task.train.texts, task.train.labels, cfg, shuffle_seed=seed + epoch):
-            loss = nn.functional.cross_entropy(model(b["input_ids"], b["attention_mask"]), b["labels"])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-    seconds = time.perf_counter() - start
-    val = make_batches(tok, task.val.texts, task.val.labels, cfg)
-    test = make_batches(tok, task.test.texts, task.test.labels, cfg)
-    return {"method": method, "lr": lr, "task": task_name, "seed": seed, "losses": losses,
-            "val_accuracy": accuracy(model, val), "test_accuracy": accuracy(model, test),
-            "train_seconds": round(seconds, 2), "optimizer_state_bytes": optimizer_state_bytes(opt)}
+    out = train(model, tok, task, cfg.replace(seed=seed, lr=lr, optimizer=name, optimizer_args={**options, **extra}),
+                progress=False)
+    return {"method": method, "lr": lr, "task": task_name, "seed": seed, "losses": out["losses"],
+            "val_accuracy": out["val_accuracy"], "test_accuracy": out["test_accuracy"],
+            "train_seconds": out["train_seconds"], "optimizer_state_bytes": out["optimizer_state_bytes"]}
 
 
 def select(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, float]:

@@ -96,6 +96,19 @@ def test_a_field_named_by_the_prefix_is_not_prefixed_twice() -> None:
         parser.parse_args(["--method-method-scale", "0.3"])
 
 
+def test_a_dict_field_takes_an_inline_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    @dataclass
+    class WithDict(Config):
+        extra: dict[str, int] = field({}, "keyword arguments")
+
+    parser = argparse.ArgumentParser()
+    WithDict.add_arguments(parser)
+    assert WithDict.from_args(parser.parse_args(["--extra", '{"k": 2}'])).extra == {"k": 2}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--extra", "[1, 2]"])
+    assert "expected a JSON object, received '[1, 2]'" in capsys.readouterr().err
+
+
 def test_write_atomic_replaces_whole_file_and_leaves_no_temp(tmp_path) -> None:
     target = tmp_path / "sub" / "f.json"
     write_atomic(target, "old")

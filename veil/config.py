@@ -145,6 +145,8 @@ class Config:
                 kwargs["choices"] = list(args)
             elif origin in (list, tuple):
                 kwargs.update(nargs="+", type=args[0] if args else str)
+            elif origin is dict:
+                kwargs.update(type=json_object, metavar="JSON")
             else:
                 kwargs["type"] = hint if hint in (int, float, str) else str
             group.add_argument("--" + flag_dest(prefix, f.name).replace("_", "-"), **kwargs)
@@ -160,6 +162,17 @@ class Config:
                 values[f.name] = given
         values.update(overrides)
         return cls.from_dict(values)
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """argparse type of a dict field: a JSON object given inline."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, received {text!r} ({exc.msg})") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, received {text!r}")
+    return value
 
 
 def flag_dest(prefix: str, name: str) -> str:

@@ -20,7 +20,15 @@ from pathlib import Path
 
 from veil.config import ConfigError, atomic_dir
 
-from .finetune import BUNDLED_MINILM, MINILM_HUB_ID, FinetuneConfig, build_classifier, make_batches, train
+from .finetune import (
+    BUNDLED_MINILM,
+    MINILM_HUB_ID,
+    OPTIMIZER_LR,
+    FinetuneConfig,
+    build_classifier,
+    make_batches,
+    train,
+)
 from .workloads import (
     DIGITS_TASK,
     VIT_DIGITS,
@@ -67,6 +75,9 @@ def check_workload(parser: argparse.ArgumentParser, cfg: FinetuneConfig, model: 
         parser.error(f"--task {DIGITS_TASK}: expected --model {VIT_DIGITS} (the tiny ViT), received {model!r}")
     if not digits and model == VIT_DIGITS:
         parser.error(f"--model {VIT_DIGITS}: expected --task {DIGITS_TASK}, received {cfg.task!r}")
+    if digits and cfg.optimizer != "adamw":
+        parser.error(f"--optimizer {cfg.optimizer}: the {DIGITS_TASK} workload trains with adamw; the LoRA-pair "
+                     "optimizers run on the text tasks (sentiment, number, topic)")
     if digits and cfg.method not in VIT_METHODS:
         parser.error(f"--method {cfg.method}: the {DIGITS_TASK} ViT workload supports {', '.join(VIT_METHODS)}; "
                      f"use a text task (sentiment, number, topic) for {cfg.method}")
@@ -78,6 +89,8 @@ def run(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)  # --help / usage errors raise SystemExit
     try:
         cfg = FinetuneConfig.from_args(args)
+        if args.lr is None:  # the optimizer's own default (AdamW's is the field default)
+            cfg = cfg.replace(lr=OPTIMIZER_LR[cfg.optimizer])
     except ConfigError as exc:
         parser.error(str(exc))
     model_name = args.model or (VIT_DIGITS if cfg.task == DIGITS_TASK else BUNDLED_MINILM)

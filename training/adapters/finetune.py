@@ -21,6 +21,9 @@ from veil.config import Config, ConfigError, field
 from .data import Task
 
 BUNDLED_MINILM = "bundled:all-MiniLM-L6-v2"
+PAIR_METHODS = ("lora", "e2lora")  # methods whose adapters are LoRA (A, B) pairs (for --optimizer adams / lracs)
+# lr of each optimizer when --lr is not given: picked on validation accuracy by benchmarks/optim_lora.py
+OPTIMIZER_LR = {"adamw": 2e-3, "adams": 3e-4, "lracs": 2.5e-4}
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what the bundled weights are; written to the checkpoint
 
 
@@ -46,7 +49,13 @@ class FinetuneConfig(Config):
     # optimisation
     epochs: int = field(2, "passes over the training set")
     batch_size: int = field(32, "examples per step")
-    lr: float = field(2e-3, "AdamW learning rate (adapter and head); digits-5to9: 1e-2, 30 epochs, batch 64")
+    lr: float = field(2e-3, "learning rate (adapter and head); digits-5to9: 1e-2, 30 epochs, batch 64; "
+                            "--optimizer adams / lracs: 3e-4 / 2.5e-4 unless given (benchmarks/optim_lora.py)")
+    optimizer: Literal["adamw", "adams", "lracs"] = field(
+        "adamw", "adamw, or a LoRA-pair optimizer (docs/optim.md): adams (Adam-Sylvester) or lracs; these need "
+                 "LoRA (A, B) pairs (methods lora, e2lora) and train the head with AdamW")
+    optimizer_args: dict[str, Any] = field({}, "extra keyword arguments of the optimizer, e.g. "
+                                               "{\"bias_correction\": true} for lracs")
     pretrain_epochs: int = field(30, "digits-5to9: epochs of pre-training the tiny ViT on digits 0-4")
     weight_decay: float = field(0.0, "AdamW weight decay")
     seed: int = field(0, "seed of the data, the head and the adapter init")
@@ -58,6 +67,9 @@ class FinetuneConfig(Config):
                 raise ConfigError(f"FinetuneConfig.{name}: expected >= 1, received {getattr(self, name)}")
         if self.lr <= 0:
             raise ConfigError(f"FinetuneConfig.lr: expected > 0, received {self.lr}")
+        if self.optimizer != "adamw" and self.method not in PAIR_METHODS:
+            raise ConfigError(f"FinetuneConfig.optimizer: {self.optimizer} updates LoRA (A, B) pairs; expected "
+                              f"--method in {list(PAIR_METHODS)} (or --optimizer adamw), received {self.method!r}")
 
     def adapter_config(self, num_labels: int):
         """The method config these settings describe (None for ``probe``); the head is in ``modules_to_save``."""
@@ -139,14 +151,15 @@ def train(model: nn.Module, tokenizer, task: Task, cfg: FinetuneConfig, progress
     The loss is cross-entropy plus ``model.aux_loss()`` when the model has one; both are logged per epoch.
     """
     from tqdm import tqdm
+    from veil.training.optim import build_optimizer, optimizer_state_bytes
 
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = build_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay, **cfg.optimizer_args)
     val = make_batches(tokenizer, task.val.texts, task.val.labels, cfg)
     steps = cfg.epochs * math.ceil(len(task.train.texts) / cfg.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / steps)  # linear decay to 0
-    history, start = [], time.perf_counter()
+    history, losses, start = [], [], time.perf_counter()
     bar = tqdm(total=steps, desc=f"finetune {cfg.method} on {task.name}", disable=not progress, leave=False)
     for epoch in range(cfg.epochs):
         model.train()
@@ -160,6 +173,7 @@ def train(model: nn.Module, tokenizer, task: Task, cfg: FinetuneConfig, progress
             opt.step()
             sched.step()
             task_loss, aux_sum = task_loss + loss.item(), aux_sum + aux.item()
+            losses.append(loss.item())
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
         history.append({"epoch": epoch + 1, "loss": task_loss / len(batches), "aux_loss": aux_sum / len(batches),
@@ -167,5 +181,5 @@ def train(model: nn.Module, tokenizer, task: Task, cfg: FinetuneConfig, progress
     bar.close()
     test = make_batches(tokenizer, task.test.texts, task.test.labels, cfg)
     return {"history": history, "val_accuracy": history[-1]["val_accuracy"], "test_accuracy": accuracy(model, test),
-            "train_seconds": round(time.perf_counter() - start, 2),
-            "trainable_params": sum(p.numel() for p in params)}
+            "train_seconds": round(time.perf_counter() - start, 2), "losses": losses,
+            "trainable_params": sum(p.numel() for p in params), "optimizer_state_bytes": optimizer_state_bytes(opt)}

@@ -7,15 +7,13 @@ from typing import Any
 
 from veil.config import Config, ConfigError, field
 
-# Optimizers that update LoRA (A, B) pairs only; a from-scratch LM has none, so they are refused.
-LORA_ONLY_OPTIMIZERS = ("adams", "lracs")
-
 
 def full_model_optimizers() -> list[str]:
-    """The registered optimizers (veil.training.optim) that can train every weight of a model."""
+    """The registered optimizers (veil.training.optim) that can train every weight of a model; the LoRA-only ones
+    (``lora_only``: they update (A, B) pairs, which a from-scratch LM has none of) are refused."""
     from veil.training.optim import OPTIMIZERS
 
-    return sorted(name for name in OPTIMIZERS if name not in LORA_ONLY_OPTIMIZERS)
+    return sorted(name for name, entry in OPTIMIZERS.items() if not entry.lora_only)
 
 
 @dataclass
@@ -68,7 +66,10 @@ class LMTrainConfig(Config):
     def validate(self) -> None:
         allowed = full_model_optimizers()
         if self.optimizer not in allowed:
-            why = " (it updates LoRA (A, B) pairs only)" if self.optimizer in LORA_ONLY_OPTIMIZERS else ""
+            from veil.training.optim import OPTIMIZERS
+
+            lora_only = self.optimizer in OPTIMIZERS and OPTIMIZERS[self.optimizer].lora_only
+            why = " (it updates LoRA (A, B) pairs only)" if lora_only else ""
             raise ConfigError(f"LMTrainConfig.optimizer: expected one of {allowed}, received {self.optimizer!r}{why}")
         for name in ("steps", "batch_size", "block_size", "eval_every"):
             if getattr(self, name) < 1:

@@ -32,6 +32,7 @@ class OptimizerEntry:
     cls: type[torch.optim.Optimizer]
     build: Callable[..., torch.optim.Optimizer]
     paper: str
+    lora_only: bool = False  # updates LoRA (A, B) pairs: needs a model with LoRA adapters
 
 
 def _trainable(model_or_params: ParamsLike) -> Any:
@@ -82,8 +83,8 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {
                             "Loshchilov & Hutter, Decoupled Weight Decay Regularization, ICLR 2019"),
     "racs": OptimizerEntry("racs", RACS, _matrix_builder(RACS, HEAD_NAMES), _GONG),
     "alice": OptimizerEntry("alice", Alice, _matrix_builder(Alice, ()), _GONG),
-    "adams": OptimizerEntry("adams", AdamSylvester, _pair_builder(AdamSylvester), _ZHENG),
-    "lracs": OptimizerEntry("lracs", LRACS, _pair_builder(LRACS), _ZHENG),
+    "adams": OptimizerEntry("adams", AdamSylvester, _pair_builder(AdamSylvester), _ZHENG, lora_only=True),
+    "lracs": OptimizerEntry("lracs", LRACS, _pair_builder(LRACS), _ZHENG, lora_only=True),
 }
 
 

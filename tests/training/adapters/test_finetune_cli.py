@@ -50,6 +50,16 @@ def test_tiny_run_writes_a_peft_adapter(method: str, tmp_path) -> None:
     assert json.loads((tmp_path / "a" / "metrics.json").read_text())["method"] == method
 
 
+def test_lora_pair_optimizer_trains_with_its_own_default_lr(tmp_path) -> None:
+    metrics = run(["--method", "lora", "--optimizer", "adams", "--task", "number", "--out", str(tmp_path / "a"), *TINY])
+    settings = json.loads((tmp_path / "a" / "finetune.json").read_text())
+    assert settings["optimizer"] == "adams" and settings["lr"] == 3e-4  # OPTIMIZER_LR, not AdamW's 2e-3
+    assert len(metrics["losses"]) >= 1 and metrics["optimizer_state_bytes"] > 0
+    given = run(["--method", "lora", "--optimizer", "lracs", "--lr", "1e-4", "--optimizer-args",
+                 '{"bias_correction": true}', "--task", "number", "--out", str(tmp_path / "b"), *TINY])
+    assert json.loads((tmp_path / "b" / "finetune.json").read_text())["lr"] == 1e-4 and given["losses"]
+
+
 @pytest.mark.slow
 def test_lora_beats_the_linear_probe_on_sentiment(tmp_path) -> None:
     probe = run(["--method", "probe", "--task", "sentiment", "--lr", "1e-2", "--epochs", "3",
@@ -120,6 +130,8 @@ def test_digits_workload_runs_on_the_tiny_vit(method: str, tmp_path) -> None:
     (["--method", "mtlora", "--task", "digits-5to9"], "supports probe, lora, vapt"),
     (["--task", "digits-5to9", "--model", "bundled:all-MiniLM-L6-v2"], "expected --model vit-digits"),
     (["--method", "loramixer", "--config", "[1]"], "expected a JSON object"),
+    (["--method", "psoft", "--optimizer", "adams"], "updates LoRA (A, B) pairs"),
+    (["--method", "lora", "--task", "digits-5to9", "--model", "vit-digits", "--optimizer", "lracs"], "trains with adamw"),
 ])
 def test_bad_combinations_are_clear_exit_2_errors(argv: list[str], message: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
