@@ -95,3 +95,45 @@ def test_adapters_mtlora_benchmark_quick(tmp_path) -> None:
     summary = json.loads((tmp_path / "results" / "adapters_mtlora.json").read_text())["summary"]
     by = {row["method"]: row for row in summary}
     assert by["mtLoRA"]["trainable"] <= by["LoRA (shared)"]["trainable"] and len(by["mtLoRA"]["per_task_r2"]) == 20
+
+
+@pytest.mark.slow
+def test_adapters_loramixer_benchmark_quick(tmp_path) -> None:
+    module = load("adapters_loramixer")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results" / "adapters_loramixer.json").read_text())
+    rows = {r["method"]: r for r in report["summary"]}
+    assert set(rows) == {"lora", "lora_matched", "loramixer"}
+    assert 0.0 <= rows["loramixer"]["routing_agreement"] <= 1.0 and report["mixer_layers"] == 24
+    # the matched baseline has the mixer's adapter budget within the routers' and head's difference
+    assert abs(rows["lora_matched"]["trainable_params"] - rows["loramixer"]["trainable_params"]) < 0.1 * rows["loramixer"]["trainable_params"]
+    assert "<!-- adapters_loramixer:begin -->" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_optim_grpo_benchmark_quick(tmp_path) -> None:
+    module = load("optim_grpo")
+    (tmp_path / "results.md").write_text("# results\n\n<!-- other:begin -->\nkept text\n<!-- other:end -->\n")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "kept text" in text and text.count("<!-- optim_grpo:begin -->") == 1 and "| ar_lopti |" in text
+    results = json.loads((tmp_path / "results" / "optim_grpo.json").read_text())
+    assert [r["method"] for r in results["summary"]] == ["grpo", "ar_lopti"]
+    assert all(0 <= r["eval_final_mean"] <= 1 for r in results["summary"])
+    assert (tmp_path / "img" / "optim_grpo_reward.png").stat().st_size > 10_000
+    module.main(["--quick", "--out", str(tmp_path)])  # a rerun replaces the section
+    assert (tmp_path / "results.md").read_text().count("<!-- optim_grpo:begin -->") == 1
+
+
+@pytest.mark.slow
+def test_optim_lora_benchmark_quick(tmp_path) -> None:
+    module = load("optim_lora")
+    (tmp_path / "results.md").write_text("# results\n\n<!-- other:begin -->\nkept text\n<!-- other:end -->\n")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "kept text" in text and text.count("<!-- optim_lora:begin -->") == 1
+    assert "python benchmarks/optim_lora.py --quick" in text
+    summary = json.loads((tmp_path / "results" / "optim_lora.json").read_text())["summary"]
+    assert set(summary["mean"]) == {"adamw", "adams", "lracs", "lracs_bc"}
+    assert summary["state_bytes"]["lracs"] < summary["state_bytes"]["adamw"] < summary["state_bytes"]["adams"]
+    assert (tmp_path / "img" / "optim_lora_loss.png").stat().st_size > 10_000
