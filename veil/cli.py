@@ -19,7 +19,7 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
               "veil train uldnet --preset digits --arch cnn --out runs/polycnn"),
     "finetune": ("adapter fine-tuning: LoRA, PSOFT, mtLoRA, E2LoRA, LoRA-Mixer, VAPT", {"": "veil.training.adapters.cli"},
                  "veil finetune --method lora --model bundled:all-MiniLM-L6-v2 --task sentiment --out runs/lora"),
-    "compress": ("compression: SAES-SVD, HEAPr, safety realignment", {},
+    "compress": ("compression: SAES-SVD, HEAPr, safety realignment", {"": "veil.training.compress.cli"},
                  "veil compress MODEL --recipe recipe.yaml --calibration DATA --out DIR"),
     "export": ("checkpoint -> ONNX in a Triton-layout model repository", {"onnx": "veil.export.cli", "he": "veil.export.he_cli",
                                                                              "adapters": "veil.export.adapters_cli",
