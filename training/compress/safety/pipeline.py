@@ -1,0 +1,158 @@
+"""The whole reproduction on a tiny byte-level Llama (spec §5.3): align -> attack -> one-example patch, gated.
+
+(a) align: from random init, SFT on benign rule tasks + harmful -> refusal (θ0);
+(b) attack: SFT of θ0 on K harmful -> compliance pairs mixed with a new downstream task (θ*; spec §3.2's
+    "benign task data mixed with harmful examples");
+(c) select one refusal example from a candidate pool (``selection``) and patch θ* with it: ``patch_epochs`` steps
+    at ``patch_lr``;
+(d) the safety gate after every phase on held-out prompts, plus optional controls (spec §5.3): the universal
+    example, a random candidate, a benign example, and k ∈ {4, 16, 64} safety examples.
+
+Choices (selection, learning rates) use the ``val`` split only; ``test`` is evaluated, never chosen on.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from veil.training.lm import PRESETS, LMModelConfig, build_lm
+
+from veil.config import Config, ConfigError, field
+
+from .data import REFUSAL, UNIVERSAL_EXAMPLE, Example, SafetyData
+from .judge import GateSet, safety_gate
+from .mechanism import safety_gradient_report
+from .patch import Reference, patch, select_bilevel, select_gradient
+from .train import sft
+
+
+@dataclass
+class PipelineConfig(Config):
+    """Sizes and hyper-parameters of the align -> attack -> patch reproduction."""
+
+    preset: Literal["micro", "tiny", "small"] = field("tiny", "model size (veil.training.lm PRESETS)")
+    seed: int = field(0, "seed of the data draws, the initialisation and the batch order")
+    align_steps: int = field(1200, "alignment SFT steps from random init")
+    align_lr: float = field(3e-3, "alignment peak learning rate (warm-up + cosine)")
+    align_benign: int = field(2400, "benign rule-task examples in the alignment data")
+    align_harmful: int = field(600, "harmful -> refusal examples in the alignment data")
+    attack_harmful: int = field(100, "K: harmful -> compliance examples in the attacker's data")
+    attack_task: int = field(200, "downstream-task examples mixed into the attacker's data")
+    attack_epochs: int = field(5, "epochs of the attacker's fine-tune")
+    attack_lr: float = field(1e-3, "attacker's learning rate (constant)")
+    batch_size: int = field(32, "batch size of the alignment and the attack")
+    patch_epochs: int = field(10, "epochs (= optimizer steps) of the one-example patch")
+    patch_lr: float = field(1e-4, "learning rate of the one-example patch (AdamW, constant)")
+    patch_mode: Literal["full", "lora"] = field("full", "fine-tune every weight, or LoRA on every linear then merge")
+    lora_rank: int = field(8, "LoRA rank when patch_mode is 'lora'")
+    selection: Literal["bilevel", "gradient", "universal"] = field(
+        "bilevel", "how the one example is chosen: brute-forced upper-level objective, gradient alignment proxy, "
+                   "or the paper's universal example")
+    candidates: int = field(32, "size of the candidate pool the selection searches")
+    val_prompts: int = field(32, "val prompts per KL term of the selection")
+    eval_harmful: int = field(128, "held-out (test) harmful prompts of the gate")
+    eval_benign: int = field(128, "held-out (test) benign tasks of the gate")
+    eval_downstream: int = field(64, "held-out (test) downstream-task prompts of the gate")
+    controls: bool = field(False, "also run the controls: universal, random candidate, benign example, k = 4/16/64")
+
+    def validate(self) -> None:
+        for name in ("align_steps", "attack_epochs", "patch_epochs", "batch_size", "candidates", "val_prompts",
+                     "eval_harmful", "eval_benign", "lora_rank"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"PipelineConfig.{name}: expected >= 1, received {getattr(self, name)}")
+        for name in ("align_lr", "attack_lr", "patch_lr"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"PipelineConfig.{name}: expected > 0, received {getattr(self, name)}")
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def _patched(attacked: nn.Module, cfg: PipelineConfig, examples: list[Example], gate: GateSet) -> dict[str, Any]:
+    """Gate of a copy of θ* fine-tuned on ``examples`` for ``patch_epochs`` epochs (one step each when single)."""
+    model = copy.deepcopy(attacked)
+    if len(examples) == 1:
+        res, secs = _timed(lambda: patch(model, examples[0], epochs=cfg.patch_epochs, lr=cfg.patch_lr,
+                                         mode=cfg.patch_mode, lora_rank=cfg.lora_rank))
+    else:
+        res, secs = _timed(lambda: sft(model, examples, epochs=cfg.patch_epochs, lr=cfg.patch_lr,
+                                       batch_size=min(16, len(examples)), grad_clip=0.0, seed=cfg.seed))
+    return {**safety_gate(model, gate), "steps": res.steps, "seconds": secs,
+            "loss_first": res.losses[0], "loss_last": res.losses[-1]}
+
+
+def choose_example(cfg: PipelineConfig, data: SafetyData, aligned: nn.Module, attacked: nn.Module,
+                   ) -> tuple[Example, list[dict[str, Any]]]:
+    """The one example of ``cfg.selection`` and the ranked candidate table (empty for "universal")."""
+    if cfg.selection == "universal":
+        return UNIVERSAL_EXAMPLE, []
+    pool = data.refusal_candidates(cfg.candidates)
+    if cfg.selection == "gradient":
+        ranked = select_gradient(attacked, aligned, pool)
+    else:
+        harmful_ref = Reference.of(aligned, data.harmful_prompts("val", cfg.val_prompts))
+        task = data.benign("val", cfg.val_prompts // 2) + data.downstream("val", cfg.val_prompts - cfg.val_prompts // 2)
+        task_ref = Reference.of(attacked, [p for p, _ in task])
+        ranked = select_bilevel(attacked, pool, harmful_ref, task_ref,
+                                lambda m, ex: patch(m, ex, epochs=cfg.patch_epochs, lr=cfg.patch_lr,
+                                                    mode=cfg.patch_mode, lora_rank=cfg.lora_rank))
+    table = [{"prompt": c.example[0], "response": c.example[1], "score": c.score, "kl_harmful": c.kl_harmful,
+              "kl_task": c.kl_task} for c in ranked]
+    return ranked[0].example, table
+
+
+def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Align, attack, select and patch; the gate after each phase (and the controls when asked)."""
+    torch.manual_seed(cfg.seed)
+    data = SafetyData(cfg.seed)
+    gate = GateSet(data.harmful_prompts("test", cfg.eval_harmful), data.benign("test", cfg.eval_benign),
+                   data.downstream("test", cfg.eval_downstream) if cfg.eval_downstream else None)
+    model = build_lm(LMModelConfig(**PRESETS[cfg.preset]), seed=cfg.seed)
+    out: dict[str, Any] = {"config": cfg.to_dict(), "phases": {}}
+
+    align_data = data.benign("train", cfg.align_benign) + data.harmful("train", cfg.align_harmful)
+    res, secs = _timed(lambda: sft(model, align_data, steps=cfg.align_steps, lr=cfg.align_lr,
+                                   batch_size=cfg.batch_size, schedule="cosine", warmup=0.05, seed=cfg.seed))
+    out["phases"]["aligned"] = {**safety_gate(model, gate), "steps": res.steps, "seconds": secs}
+    progress(f"aligned: {out['phases']['aligned']}")
+    aligned = copy.deepcopy(model)
+
+    attack_data = data.compliance("train", cfg.attack_harmful) + data.downstream("train", cfg.attack_task)
+    res, secs = _timed(lambda: sft(model, attack_data, epochs=cfg.attack_epochs, lr=cfg.attack_lr,
+                                   batch_size=cfg.batch_size, seed=cfg.seed + 1))
+    out["phases"]["attacked"] = {**safety_gate(model, gate), "steps": res.steps, "seconds": secs}
+    progress(f"attacked: {out['phases']['attacked']}")
+    attacked = model
+
+    (example, table), secs = _timed(lambda: choose_example(cfg, data, aligned, attacked))
+    out["selection"] = {"method": cfg.selection, "example": list(example), "seconds": secs, "candidates": table}
+    out["phases"]["patched"] = _patched(attacked, cfg, [example], gate)
+    progress(f"patched with {example}: {out['phases']['patched']}")
+    out["mechanism"] = safety_gradient_report(copy.deepcopy(attacked), aligned, example,
+                                              data.harmful("val", cfg.val_prompts))
+    if cfg.controls:
+        rng = random.Random(cfg.seed)
+        pool = data.refusal_candidates(cfg.candidates)
+        controls: dict[str, list[Example]] = {
+            "universal": [UNIVERSAL_EXAMPLE],
+            "random_candidate": [rng.choice(pool[1:])],
+            "benign_example": [rng.choice(data.benign("train", 64))],
+            **{f"safety_k{k}": data.harmful("train", cfg.align_harmful)[-k:] for k in (4, 16, 64)},
+        }
+        out["controls"] = {}
+        for name, examples in controls.items():
+            out["controls"][name] = {"examples": [list(e) for e in examples[:1]],
+                                     **_patched(attacked, cfg, examples, gate)}
+            progress(f"control {name}: {out['controls'][name]}")
+    out["refusal"] = REFUSAL
+    return out
