@@ -43,6 +43,9 @@ class HEAPrConfig(Config):
         "per_expert", "per_expert: average over the tokens routed to the expert (spec formula); by_frequency: "
                       "divide by all calibration tokens instead, so a rarely routed expert's score shrinks with "
                       "its routing frequency (the expected loss increase per token)")
+    first_order: bool = field(
+        False, "add the first-order term -mean g_{E_i}ᵀ e_k to the score (the paper drops it, as OBS does at a "
+               "converged model); scores become signed and the most negative go first")
     tokens: Literal["routed", "all"] = field(
         "routed", "routed: statistics of expert i over the tokens routed to it, gated by its top-k weight; all: "
                   "every token contributes to every expert, gated by the router's softmax probability (model "

@@ -50,6 +50,7 @@ class LayerStats:
     count: torch.Tensor  # (E,) float64: |T_i| (or the number of tokens when tokens="all")
     routed: torch.Tensor  # (E,) float64: tokens whose top-k picks expert i (the real routing frequency)
     score_sum: list[torch.Tensor]  # E x (F_i,) float64
+    first_sum: list[torch.Tensor]  # E x (F_i,) float64: Σ_x -a_k(x) w^down_kᵀ g_{E_i}(x) (first-order term)
     saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     @classmethod
@@ -57,6 +58,7 @@ class LayerStats:
         d, widths = experts.hidden_dim, experts.widths
         return cls(experts, [torch.zeros(d, d, dtype=torch.float64) for _ in widths],
                    torch.zeros(len(widths), dtype=torch.float64), torch.zeros(len(widths), dtype=torch.float64),
+                   [torch.zeros(w, dtype=torch.float64) for w in widths],
                    [torch.zeros(w, dtype=torch.float64) for w in widths])
 
 
@@ -115,10 +117,12 @@ class _Recorder:
             g = gate[:, None] * grad[token]  # (n, D) = ∂ℓ/∂E_i
             stats.gram[i] += g.T @ g
             stats.count[i] += len(token)
-            if self.config.fisher == "per_token":
+            if self.config.fisher == "per_token" or self.config.first_order:
                 a = stats.experts.activations(hidden[token], i).double()  # (n, F_i)
                 proj = g @ stats.experts.down_proj[i].double()  # (n, F_i) = w^down_kᵀ g
-                stats.score_sum[i] += 0.5 * ((a * proj) ** 2).sum(0)
+                stats.first_sum[i] -= (a * proj).sum(0)
+                if self.config.fisher == "per_token":
+                    stats.score_sum[i] += 0.5 * ((a * proj) ** 2).sum(0)
 
     @torch.no_grad()
     def _activations(self, name: str, hidden: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
@@ -185,6 +189,8 @@ def _finish(stats: LayerStats, config: HEAPrConfig, tokens: int) -> list[torch.T
             s = 0.5 * curvature * stats.score_sum[i]  # Σ_x ½ e_kᵀ Ḡ_i e_k
         else:
             s = stats.score_sum[i].clone()
+        if config.first_order:
+            s = s + stats.first_sum[i]
         scores.append(s / (n if config.weighting == "per_expert" else tokens))
     return scores
 
