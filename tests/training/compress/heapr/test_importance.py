@@ -7,7 +7,13 @@ import pytest
 import torch
 from torch import nn
 from veil.training.compress.calibration import Calibration
-from veil.training.compress.heapr import HEAPrConfig, RaggedExperts, convert_to_ragged, heapr_scores, moe_blocks
+from veil.training.compress.heapr import (
+    HEAPrConfig,
+    RaggedExperts,
+    convert_to_ragged,
+    heapr_scores,
+    moe_blocks,
+)
 from veil.training.compress.heapr.importance import batch_loss
 
 
