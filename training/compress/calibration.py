@@ -147,7 +147,7 @@ class Calibration:
                 batches.append({"input_ids": ids, "attention_mask": mask})
             else:
                 enc = tokenizer(chunk, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-                batches.append({k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc})
+                batches.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
         return cls(batches, source)
 
     @classmethod

@@ -8,8 +8,9 @@ Procedure (spec §1.5, docs/compress.md):
    (layers reading the same tensor: {q, k, v}, {o}, {gate, up}, {down} in a Llama block), so each group's
    statistics see every upstream layer compressed, inside the block too. The reproduction uses two phases
    ({q, k, v, gate, up} then {o, down}); ours is the finer ordering of the same rule.
-3. Per Linear, summed over real (unmasked) tokens, float64: H = Σ x xᵀ (student inputs), H^f = Σ x_f x_fᵀ
-   (teacher inputs), Δ = Σ (x_f − x) xᵀ. Each factorisation replaces the Linear by a FactorizedLinear.
+3. Per input group (its layers share the input, hence the statistics), summed over real (unmasked) tokens, in
+   float64: H = Σ x xᵀ (student inputs), H^f = Σ x_f x_fᵀ (teacher inputs), Δ = Σ (x_f − x) xᵀ. Each block
+   pass stops at the group's input. Each factorisation replaces the Linear by a FactorizedLinear.
 4. Both hidden-state streams advance through their block; the teacher copy is dropped.
 Memory: one block copy, the n×n statistics of one input group, and the block-boundary hidden states of the
 calibration set (kept in the model's dtype, on CPU with the model).
@@ -105,33 +106,34 @@ def input_groups(block: nn.Module, names: list[str], args: tuple, kwargs: dict[s
 
 
 @torch.no_grad()
-def group_statistics(student: nn.Module, teacher: nn.Module, names: list[str],
+def group_statistics(student: nn.Module, teacher: nn.Module, name: str,
                      inputs: list[tuple[tuple, dict[str, Any], torch.Tensor | None]],
-                     student_h: list[torch.Tensor], teacher_h: list[torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
-    """Streaming H, H^f and Δ (float64, CPU) of the layers ``names`` over all calibration batches."""
-    stats: dict[str, dict[str, torch.Tensor]] = {}
-    current: dict[str, dict[str, torch.Tensor]] = {"s": {}, "t": {}}
+                     student_h: list[torch.Tensor], teacher_h: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Streaming H, H^f and Δ (float64, CPU) of the input of layer ``name`` (shared by its whole input group)
+    over all calibration batches. Each block pass stops as soon as that input exists."""
+    current: dict[str, torch.Tensor] = {}
     handles = []
     for side, block in (("s", student), ("t", teacher)):
-        for name in names:
-            def hook(_m: nn.Module, inp: tuple, _name: str = name, _side: str = side) -> None:
-                current[_side][_name] = inp[0]
-            handles.append(block.get_submodule(name).register_forward_pre_hook(hook))
+        def hook(_m: nn.Module, inp: tuple, _side: str = side) -> None:
+            current[_side] = inp[0]
+            raise _Stop
+        handles.append(block.get_submodule(name).register_forward_pre_hook(hook))
+    st: dict[str, torch.Tensor] = {}
     try:
         for (args, kwargs, mask), hs, ht in zip(inputs, student_h, teacher_h, strict=True):
-            _run_block(student, *_with_hidden(args, kwargs, hs))
-            _run_block(teacher, *_with_hidden(args, kwargs, ht))
-            for name in names:
-                x, xf = _flat(current["s"][name], mask), _flat(current["t"][name], mask)  # (N, n) each
-                n = x.shape[1]
-                st = stats.setdefault(name, {k: torch.zeros(n, n, dtype=torch.float64) for k in ("h", "hf", "delta")})
-                st["h"] += x.T @ x
-                st["hf"] += xf.T @ xf
-                st["delta"] += (xf - x).T @ x
+            for block, h in ((student, hs), (teacher, ht)):
+                with contextlib.suppress(_Stop):
+                    _run_block(block, *_with_hidden(args, kwargs, h))
+            x, xf = _flat(current["s"], mask), _flat(current["t"], mask)  # (N, n) each
+            if not st:
+                st = {k: torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64) for k in ("h", "hf", "delta")}
+            st["h"] += x.T @ x
+            st["hf"] += xf.T @ xf
+            st["delta"] += (xf - x).T @ x
     finally:
         for h in handles:
             h.remove()
-    return stats
+    return st
 
 
 def output_error(w_new: torch.Tensor, w: torch.Tensor, st: dict[str, torch.Tensor]) -> float:
@@ -236,9 +238,9 @@ def _compress_blocks(method: str, model: nn.Module, prefix: str, blocks: nn.Modu
             args, kwargs, _ = inputs[0]
             for group in input_groups(block, local, *_with_hidden(args, kwargs, student_h[0])):
                 t0 = time.perf_counter()
-                stats = group_statistics(block, teacher, group, inputs, student_h, teacher_h)
+                stats = group_statistics(block, teacher, group[0], inputs, student_h, teacher_h)
                 for name in group:
-                    apply(f"{prefix}.{i}.{name}", block.get_submodule(name), stats[name], t0)
+                    apply(f"{prefix}.{i}.{name}", block.get_submodule(name), stats, t0)
                     t0 = time.perf_counter()
         teacher_h = [_run_block(teacher, *_with_hidden(a, k, h)) for (a, k, _), h in zip(inputs, teacher_h, strict=True)]
         student_h = [_run_block(block, *_with_hidden(a, k, h)) for (a, k, _), h in zip(inputs, student_h, strict=True)]
