@@ -6,7 +6,6 @@ import io
 
 import pytest
 import torch
-
 from veil.training.compress.calibration import Calibration
 from veil.training.compress.log import ModuleLog
 

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from veil.training.compress.lowrank import solvers
 from veil.training.compress.lowrank.layer import FactorizedLinear, weight_params
 

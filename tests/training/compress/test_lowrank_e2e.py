@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-
 from veil.training.compress.log import ModuleLog
 from veil.training.compress.lowrank import STAGES, FactorizedLinear
 from veil.training.compress.report import drift_table

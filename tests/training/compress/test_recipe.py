@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from torch import nn
+from veil.training.compress.recipe import find_blocks, load_recipe, name_matches, parse_recipe, select_modules
 
 from veil.config import ConfigError
-from veil.training.compress.recipe import find_blocks, load_recipe, name_matches, parse_recipe, select_modules
 
 
 def test_yaml_json_round_trip(tmp_path) -> None:
