@@ -53,7 +53,7 @@ def test_cealc_optimal_and_truncation_aware(beta: float) -> None:
 
 def test_full_rank_and_special_cases() -> None:
     w, x, xf = problem(2)
-    h, hf, delta = stats(x, xf)
+    h, _, delta = stats(x, xf)
     full = min(M, N_IN)
     a, b, _ = solvers.cealc(w, h, delta, full, 0.5, ridge=0.0)
     torch.testing.assert_close(a @ b, w @ (h + 0.5 * delta) @ torch.linalg.inv(h), rtol=1e-8, atol=1e-8)
