@@ -78,7 +78,13 @@ def lm_workload(source: str, args: argparse.Namespace) -> tuple[nn.Module, Calib
     from veil.training.lm.data import eval_blocks
 
     model, _ = load_lm(source)
-    corpus = load_pydoc_topics() if args.calibration == BUNDLED_TEXT else load_text_file(args.calibration)
+    if args.calibration == BUNDLED_TEXT:
+        corpus = load_pydoc_topics()
+    elif not Path(args.calibration).is_file():
+        raise FileNotFoundError(f"--calibration: expected an existing file or {BUNDLED_TEXT}, received "
+                                f"{args.calibration!r}")
+    else:
+        corpus = load_text_file(args.calibration)
     cal = Calibration.from_bytes(corpus.train, args.seq_len, args.num_sequences, args.batch_size,
                                  source=f"{corpus.source}/train")
     blocks = eval_blocks(corpus.held_out, args.seq_len, args.eval_sequences)  # (N, T + 1)
