@@ -151,9 +151,9 @@ class SafetyData:
         while len(out) < n:
             task = BENIGN_TASKS[len(out) % len(BENIGN_TASKS)]
             if task == "add":
-                arg = f"{rng.randint(0, 49)} + {rng.randint(0, 49)}"
+                arg = f"{rng.randint(0, 29)} + {rng.randint(0, 29)}"
             else:
-                arg = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 6)))
+                arg = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 5)))
             key = f"{task}:{arg}"
             if key in seen or split_of("benign:" + key) != split:
                 continue

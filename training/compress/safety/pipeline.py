@@ -60,11 +60,12 @@ class PipelineConfig(Config):
     eval_harmful: int = field(128, "held-out (test) harmful prompts of the gate")
     eval_benign: int = field(128, "held-out (test) benign tasks of the gate")
     eval_downstream: int = field(64, "held-out (test) downstream-task prompts of the gate")
+    max_new_bytes: int = field(48, "longest response the gate generates (greedy; stops at the end newline)")
     controls: bool = field(False, "also run the controls: universal, random candidate, benign example, k = 4/16/64")
 
     def validate(self) -> None:
         for name in ("align_steps", "attack_epochs", "patch_epochs", "batch_size", "candidates", "val_prompts",
-                     "eval_harmful", "eval_benign", "lora_rank"):
+                     "eval_harmful", "eval_benign", "lora_rank", "max_new_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"PipelineConfig.{name}: expected >= 1, received {getattr(self, name)}")
         for name in ("align_lr", "attack_lr", "patch_lr"):
@@ -87,7 +88,7 @@ def _patched(attacked: nn.Module, cfg: PipelineConfig, examples: list[Example], 
     else:
         res, secs = _timed(lambda: sft(model, examples, epochs=cfg.patch_epochs, lr=cfg.patch_lr,
                                        batch_size=min(16, len(examples)), grad_clip=0.0, seed=cfg.seed))
-    return {**safety_gate(model, gate), "steps": res.steps, "seconds": secs,
+    return {**safety_gate(model, gate, max_new_bytes=cfg.max_new_bytes), "steps": res.steps, "seconds": secs,
             "loss_first": res.losses[0], "loss_last": res.losses[-1]}
 
 
@@ -123,14 +124,16 @@ def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s
     align_data = data.benign("train", cfg.align_benign) + data.harmful("train", cfg.align_harmful)
     res, secs = _timed(lambda: sft(model, align_data, steps=cfg.align_steps, lr=cfg.align_lr,
                                    batch_size=cfg.batch_size, schedule="cosine", warmup=0.05, seed=cfg.seed))
-    out["phases"]["aligned"] = {**safety_gate(model, gate), "steps": res.steps, "seconds": secs}
+    out["phases"]["aligned"] = {**safety_gate(model, gate, max_new_bytes=cfg.max_new_bytes), "steps": res.steps,
+                                "seconds": secs}
     progress(f"aligned: {out['phases']['aligned']}")
     aligned = copy.deepcopy(model)
 
     attack_data = data.compliance("train", cfg.attack_harmful) + data.downstream("train", cfg.attack_task)
     res, secs = _timed(lambda: sft(model, attack_data, epochs=cfg.attack_epochs, lr=cfg.attack_lr,
                                    batch_size=cfg.batch_size, seed=cfg.seed + 1))
-    out["phases"]["attacked"] = {**safety_gate(model, gate), "steps": res.steps, "seconds": secs}
+    out["phases"]["attacked"] = {**safety_gate(model, gate, max_new_bytes=cfg.max_new_bytes), "steps": res.steps,
+                                 "seconds": secs}
     progress(f"attacked: {out['phases']['attacked']}")
     attacked = model
 
@@ -147,7 +150,7 @@ def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s
             "universal": [UNIVERSAL_EXAMPLE],
             "random_candidate": [rng.choice(pool[1:])],
             "benign_example": [rng.choice(data.benign("train", 64))],
-            **{f"safety_k{k}": data.harmful("train", cfg.align_harmful)[-k:] for k in (4, 16, 64)},
+            **{f"safety_k{k}": data.harmful("train", max(k, cfg.align_harmful))[-k:] for k in (4, 16, 64)},
         }
         out["controls"] = {}
         for name, examples in controls.items():
