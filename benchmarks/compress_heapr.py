@@ -2,8 +2,8 @@
 
 Workload: a transformers Qwen2-MoE (3 layers, hidden 64, 8 routed experts of width 32, top-2, a shared expert of
 width 64; fused v5 expert tensors) trained from scratch on Python's pydoc topics (veil.training.lm's fixed
-held-out split), one model per seed (optionally a Mixtral too, ``--archs``). Calibration: 64 windows of 128 bytes
-evenly spaced over the *train* text (``Calibration.from_bytes``); evaluation: every 128-byte block of the held-out
+held-out split), and a Mixtral (no shared expert), one model per seed and architecture. Calibration: 64 windows
+of 128 bytes evenly spaced over the *train* text (``Calibration.from_bytes``); evaluation: every 128-byte block of the held-out
 topics. Ratio convention: fraction of routed-expert parameters removed. Expert pruning removes round(r * 24) whole
 experts (REAP saliency g·||f||, spread evenly over layers); HEAPr removes the same fraction of atomic experts (so
 exactly the same routed-expert parameters; expert pruning also drops the dropped experts' router rows). Also
@@ -13,9 +13,9 @@ Target: HEAPr at 25 % beats expert pruning at equal removal and stays within 5 %
 Writes docs/results/compress_heapr.json, docs/img/compress_heapr_perplexity.png and the compress_heapr section of
 docs/results.md.
 
-    python benchmarks/compress_heapr.py                          # 2 seeds x Qwen2-MoE (~8 min on 1 core)
-    python benchmarks/compress_heapr.py --archs qwen2_moe,mixtral --seeds 0
-    python benchmarks/compress_heapr.py --quick --out /tmp/docs   # smoke: 60 training steps, 25 % only
+    python benchmarks/compress_heapr.py                          # 2 seeds x {Qwen2-MoE, Mixtral} (~14 min, 1 core)
+    python benchmarks/compress_heapr.py --archs mixtral --seeds 0
+    python benchmarks/compress_heapr.py --quick --out /tmp/docs   # smoke: Qwen2-MoE, 60 steps, 25 % only
 """
 
 from __future__ import annotations
@@ -147,26 +147,30 @@ def targets(summary: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def plot(summary: list[dict[str, Any]], path: Path) -> None:
-    """Perplexity against removed fraction, one line per main method (first arch)."""
+    """Perplexity against removed fraction, one panel per architecture, one line per main method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
-    arch = summary[0]["arch"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    base = next(s["perplexity"] for s in summary if s["arch"] == arch and s["method"] == "unpruned")
-    for method in ("heapr", "heapr_layerwise", "expert_prune", "expert_prune_frequency", "random_atomic"):
-        pts = sorted((s["removed_fraction"], s["perplexity"]) for s in summary if s["arch"] == arch
-                     and s["method"] == method)
-        if pts:
-            ax.plot([0.0] + [p[0] for p in pts], [base] + [p[1] for p in pts], marker="o", label=method)
-    ax.axhline(base * 1.05, color="grey", linestyle=":", label="unpruned + 5 %")
-    ax.set_xlabel("fraction of routed-expert parameters removed")
-    ax.set_ylabel("held-out perplexity (bytes)")
-    ax.set_yscale("log")
-    ax.set_title(f"tiny {arch} on pydoc topics")
-    ax.legend(fontsize=8)
+    archs = sorted({s["arch"] for s in summary})
+    fig, axes = plt.subplots(1, len(archs), figsize=(6 * len(archs), 4), squeeze=False)
+    for ax, arch in zip(axes[0], archs, strict=True):
+        base = next(s["perplexity"] for s in summary if s["arch"] == arch and s["method"] == "unpruned")
+        for method in ("heapr", "heapr_layerwise", "expert_prune", "expert_prune_frequency", "random_atomic"):
+            pts = sorted((s["removed_fraction"], s["perplexity"]) for s in summary if s["arch"] == arch
+                         and s["method"] == method)
+            if pts:
+                ax.plot([0.0] + [p[0] for p in pts], [base] + [p[1] for p in pts], marker="o", label=method)
+        ax.axhline(base * 1.05, color="grey", linestyle=":", label="unpruned + 5 %")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.set_xlabel("fraction of routed-expert parameters removed")
+        ax.set_ylabel("held-out perplexity (bytes, log scale)")
+        ax.set_title(f"tiny {arch} on pydoc topics")
+        ax.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -194,15 +198,15 @@ def markdown(results: dict[str, Any], command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 60 training steps, 25 %% only, 1 seed")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: Qwen2-MoE only, 60 training steps, 25 %% only, 1 seed")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
-    parser.add_argument("--archs", default="qwen2_moe", help="comma-separated: qwen2_moe, mixtral")
+    parser.add_argument("--archs", default="qwen2_moe,mixtral", help="comma-separated: qwen2_moe, mixtral")
     parser.add_argument("--steps", type=int, default=1200, help="training steps of each model (default 1200)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    archs = args.archs.split(",")
+    archs = ["qwen2_moe"] if args.quick else args.archs.split(",")
     if args.quick:
         seeds, steps, ratios, cal_sequences, eval_count = [0], 60, (0.25,), 16, 16
     else:
