@@ -24,7 +24,7 @@ from .calibration import Calibration
 from .log import ModuleLog
 from .lowrank.layer import FactorizedLinear, replace_module
 from .recipe import Recipe, load_recipe
-from .report import drift_table, parameter_report, to_markdown
+from .report import count_params, drift_table, parameter_report, to_markdown
 
 EvalFn = Callable[[nn.Module], dict[str, float]]
 
@@ -52,7 +52,8 @@ def compress(model: nn.Module, recipe: str | Path | dict[str, Any] | list[Any] |
     """Compress ``model`` in place by ``recipe`` and return the report (also written to ``output_dir``).
 
     Args:
-        model: the model to compress (changed in place; an uncompressed copy is kept for drift and metrics).
+        model: the model to compress (changed in place; an uncompressed copy is kept while ``drift`` or
+            ``eval_fn`` needs it).
         recipe: a YAML/JSON path, a dict/list, or a parsed Recipe.
         calibration: the calibration batches every stage reads.
         output_dir: where the compressed model and report.json/report.md go (None: write nothing).
@@ -62,7 +63,8 @@ def compress(model: nn.Module, recipe: str | Path | dict[str, Any] | list[Any] |
     """
     recipe = load_recipe(recipe)
     torch.manual_seed(recipe.seed)
-    reference = copy.deepcopy(model).eval()
+    params_before = count_params(model)
+    reference = copy.deepcopy(model).eval() if (drift or eval_fn) else None  # the uncompressed model, kept only if used
     log = ModuleLog(progress=progress)
     before = eval_fn(reference) if eval_fn else {}
     stages, after_stage = [], []
@@ -78,7 +80,7 @@ def compress(model: nn.Module, recipe: str | Path | dict[str, Any] | list[Any] |
     report: dict[str, Any] = {
         "recipe": recipe.to_dict(),
         "calibration": calibration.describe(),
-        "parameters": parameter_report(reference, model),
+        "parameters": parameter_report(params_before, model),
         "stages": stages,
         "seconds": round(time.perf_counter() - start, 3),
         "modules": log.records,

@@ -42,9 +42,10 @@ def factorised_params(model: nn.Module) -> dict[str, Any]:
             "keep_ratio": keep, "compression_ratio": 1.0 - keep}
 
 
-def parameter_report(reference: nn.Module, compressed: nn.Module) -> dict[str, Any]:
-    """Whole-model and factorised-layer counts, each with keep and compression (removal) ratios spelled out."""
-    before, after = count_params(reference), count_params(compressed)
+def parameter_report(params_before: int, compressed: nn.Module) -> dict[str, Any]:
+    """Whole-model and factorised-layer counts, each with keep and compression (removal) ratios spelled out;
+    ``params_before`` is :func:`count_params` of the uncompressed model."""
+    before, after = params_before, count_params(compressed)
     return {
         "whole_model": {"params_before": before, "params_after": after, "keep_ratio": after / before,
                         "compression_ratio": 1.0 - after / before},
