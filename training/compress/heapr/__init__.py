@@ -10,7 +10,15 @@ from veil.training.compress.registry import Stage
 from .config import ExpertPruneConfig, HEAPrConfig
 from .experts import RaggedExperts, convert_to_ragged, layout, moe_blocks, routed_expert_params
 from .importance import expert_saliency, heapr_scores
-from .prune import apply_expert_prune, apply_heapr, count_params, load_pruned, removal_mask, save_pruned
+from .prune import (
+    apply_expert_prune,
+    apply_heapr,
+    apply_layout,
+    count_params,
+    load_pruned,
+    removal_mask,
+    save_pruned,
+)
 
 STAGES = {
     "heapr": Stage("heapr", HEAPrConfig, apply_heapr),
@@ -18,7 +26,7 @@ STAGES = {
 }
 
 __all__ = [
-    "STAGES", "ExpertPruneConfig", "HEAPrConfig", "RaggedExperts", "apply_expert_prune", "apply_heapr",
+    "STAGES", "ExpertPruneConfig", "HEAPrConfig", "RaggedExperts", "apply_expert_prune", "apply_heapr", "apply_layout",
     "convert_to_ragged", "count_params", "expert_saliency", "heapr_scores", "layout", "load_pruned", "moe_blocks",
     "removal_mask", "routed_expert_params", "save_pruned",
 ]

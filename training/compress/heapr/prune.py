@@ -158,13 +158,23 @@ def load_pruned(path: str | Path) -> nn.Module:
         raise ValueError(f"checkpoint {str(path)!r}: expected kind 'moe_pruned', received {config.get('kind')!r}")
     hf = dict(config["transformers_config"])
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf.pop("model_type"), **hf))
-    convert_to_ragged(model)
-    blocks = dict(moe_blocks(model))
-    for name, entry in config["layout"].items():
-        if name not in blocks:
-            raise ValueError(f"checkpoint {str(path)!r}: layout names MoE block {name!r}, which the model lacks")
-        block = blocks[name]
-        set_expert_count(block, list(range(entry["experts"])))
-        block.experts.keep_neurons([torch.arange(w) for w in entry["widths"]])
+    apply_layout(model, config["layout"])
     model.load_state_dict(state)
     return model.eval()
+
+
+def apply_layout(model: nn.Module, recorded: dict[str, dict[str, Any]]) -> nn.Module:
+    """Shape a freshly built model's MoE blocks like a pruned one (expert counts and widths from :func:`layout`),
+    so the pruned state dict loads strictly; the weights are placeholders until then.
+
+    Raises:
+        ValueError: ``recorded`` names an MoE block the model lacks.
+    """
+    convert_to_ragged(model)
+    blocks = dict(moe_blocks(model))
+    for name, entry in recorded.items():
+        if name not in blocks:
+            raise ValueError(f"layout names MoE block {name!r}, which the model lacks; expected some of {sorted(blocks)}")
+        set_expert_count(blocks[name], list(range(entry["experts"])))
+        blocks[name].experts.keep_neurons([torch.arange(w) for w in entry["widths"]])
+    return model

@@ -115,3 +115,15 @@ def test_heapr_beats_expert_pruning_on_trained_model(trained, text_calibration, 
         results[name] = loss(model) - base
     assert results["heapr"] < results["experts"], results
     assert results["layerwise"] < results["experts"], results
+
+
+def test_recipe_through_compress_api(moe_factory, calibration_factory) -> None:
+    from veil.training.compress.api import compress
+
+    model = moe_factory(seed=3)
+    recipe = [{"method": "heapr", "ratio": 0.25, "ranking": "per_layer"}, {"method": "expert_prune", "ratio": 0.25}]
+    report = compress(model, recipe, calibration_factory(), progress=False, drift=False)
+    heapr, experts = report["stages"]
+    assert heapr["atomic_experts_removed"] == 32 and heapr["config"]["ranking"] == "per_layer"
+    assert experts["experts_removed"] == 2 and len(report["modules"]) == 4
+    assert report["parameters"]["whole_model"]["params_after"] == count_params(model)
