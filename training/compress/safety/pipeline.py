@@ -39,23 +39,27 @@ class PipelineConfig(Config):
 
     preset: Literal["micro", "tiny", "small"] = field("tiny", "model size (veil.training.lm PRESETS)")
     seed: int = field(0, "seed of the data draws, the initialisation and the batch order")
-    align_steps: int = field(1200, "alignment SFT steps from random init")
+    align_steps: int = field(800, "alignment SFT steps from random init")
     align_lr: float = field(3e-3, "alignment peak learning rate (warm-up + cosine)")
     align_benign: int = field(2400, "benign rule-task examples in the alignment data")
     align_harmful: int = field(600, "harmful -> refusal examples in the alignment data")
     attack_harmful: int = field(100, "K: harmful -> compliance examples in the attacker's data")
     attack_task: int = field(200, "downstream-task examples mixed into the attacker's data")
+    attack_benign: int = field(200, "benign rule-task examples (not seen in alignment) mixed into the attacker's data")
     attack_epochs: int = field(5, "epochs of the attacker's fine-tune")
-    attack_lr: float = field(1e-3, "attacker's learning rate (constant)")
+    attack_lr: float = field(5e-4, "attacker's learning rate (constant)")
     batch_size: int = field(32, "batch size of the alignment and the attack")
     patch_epochs: int = field(10, "epochs (= optimizer steps) of the one-example patch")
     patch_lr: float = field(1e-4, "learning rate of the one-example patch (AdamW, constant)")
+    lr_grid: list[float] = field([1e-4, 3e-4, 1e-3], "with selection 'bilevel': choose the patch lr from these too, by the same "
+                                     "upper-level objective on val prompts (empty: always patch_lr; the paper's 2e-5 "
+                                     "is for 7B models, a tiny model needs larger steps)")
     patch_mode: Literal["full", "lora"] = field("full", "fine-tune every weight, or LoRA on every linear then merge")
     lora_rank: int = field(8, "LoRA rank when patch_mode is 'lora'")
     selection: Literal["bilevel", "gradient", "universal"] = field(
         "bilevel", "how the one example is chosen: brute-forced upper-level objective, gradient alignment proxy, "
                    "or the paper's universal example")
-    candidates: int = field(32, "size of the candidate pool the selection searches")
+    candidates: int = field(16, "size of the candidate pool the selection searches")
     val_prompts: int = field(32, "val prompts per KL term of the selection")
     eval_harmful: int = field(128, "held-out (test) harmful prompts of the gate")
     eval_benign: int = field(128, "held-out (test) benign tasks of the gate")
@@ -79,37 +83,41 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - t
 
 
-def _patched(attacked: nn.Module, cfg: PipelineConfig, examples: list[Example], gate: GateSet) -> dict[str, Any]:
+def _patched(attacked: nn.Module, cfg: PipelineConfig, examples: list[Example], gate: GateSet,
+             lr: float) -> dict[str, Any]:
     """Gate of a copy of θ* fine-tuned on ``examples`` for ``patch_epochs`` epochs (one step each when single)."""
     model = copy.deepcopy(attacked)
     if len(examples) == 1:
-        res, secs = _timed(lambda: patch(model, examples[0], epochs=cfg.patch_epochs, lr=cfg.patch_lr,
+        res, secs = _timed(lambda: patch(model, examples[0], epochs=cfg.patch_epochs, lr=lr,
                                          mode=cfg.patch_mode, lora_rank=cfg.lora_rank))
     else:
-        res, secs = _timed(lambda: sft(model, examples, epochs=cfg.patch_epochs, lr=cfg.patch_lr,
+        res, secs = _timed(lambda: sft(model, examples, epochs=cfg.patch_epochs, lr=lr,
                                        batch_size=min(16, len(examples)), grad_clip=0.0, seed=cfg.seed))
-    return {**safety_gate(model, gate, max_new_bytes=cfg.max_new_bytes), "steps": res.steps, "seconds": secs,
+    return {**safety_gate(model, gate, max_new_bytes=cfg.max_new_bytes), "steps": res.steps, "seconds": secs, "lr": lr,
             "loss_first": res.losses[0], "loss_last": res.losses[-1]}
 
 
 def choose_example(cfg: PipelineConfig, data: SafetyData, aligned: nn.Module, attacked: nn.Module,
-                   ) -> tuple[Example, list[dict[str, Any]]]:
-    """The one example of ``cfg.selection`` and the ranked candidate table (empty for "universal")."""
+                   ) -> tuple[Example, float, list[dict[str, Any]]]:
+    """The one example of ``cfg.selection``, its patch lr and the ranked candidate table (empty for "universal")."""
     if cfg.selection == "universal":
-        return UNIVERSAL_EXAMPLE, []
+        return UNIVERSAL_EXAMPLE, cfg.patch_lr, []
     pool = data.refusal_candidates(cfg.candidates)
     if cfg.selection == "gradient":
         ranked = select_gradient(attacked, aligned, pool)
+        lrs = [cfg.patch_lr] * len(ranked)
     else:
         harmful_ref = Reference.of(aligned, data.harmful_prompts("val", cfg.val_prompts))
         task = data.benign("val", cfg.val_prompts // 2) + data.downstream("val", cfg.val_prompts - cfg.val_prompts // 2)
         task_ref = Reference.of(attacked, [p for p, _ in task])
-        ranked = select_bilevel(attacked, pool, harmful_ref, task_ref,
-                                lambda m, ex: patch(m, ex, epochs=cfg.patch_epochs, lr=cfg.patch_lr,
-                                                    mode=cfg.patch_mode, lora_rank=cfg.lora_rank))
-    table = [{"prompt": c.example[0], "response": c.example[1], "score": c.score, "kl_harmful": c.kl_harmful,
-              "kl_task": c.kl_task} for c in ranked]
-    return ranked[0].example, table
+        per_lr = [(lr, c) for lr in cfg.lr_grid or [cfg.patch_lr] for c in select_bilevel(
+            attacked, pool, harmful_ref, task_ref, lambda m, ex, lr=lr: patch(
+                m, ex, epochs=cfg.patch_epochs, lr=lr, mode=cfg.patch_mode, lora_rank=cfg.lora_rank))]
+        per_lr.sort(key=lambda pair: pair[1].score)
+        lrs, ranked = [lr for lr, _ in per_lr], [c for _, c in per_lr]
+    table = [{"prompt": c.example[0], "response": c.example[1], "lr": lr,
+              "score": c.score, "kl_harmful": c.kl_harmful, "kl_task": c.kl_task} for lr, c in zip(lrs, ranked, strict=True)]
+    return ranked[0].example, lrs[0], table
 
 
 def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -129,7 +137,8 @@ def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s
     progress(f"aligned: {out['phases']['aligned']}")
     aligned = copy.deepcopy(model)
 
-    attack_data = data.compliance("train", cfg.attack_harmful) + data.downstream("train", cfg.attack_task)
+    attack_data = (data.compliance("train", cfg.attack_harmful) + data.downstream("train", cfg.attack_task)
+                   + data.benign("train", cfg.align_benign + cfg.attack_benign)[cfg.align_benign:])
     res, secs = _timed(lambda: sft(model, attack_data, epochs=cfg.attack_epochs, lr=cfg.attack_lr,
                                    batch_size=cfg.batch_size, seed=cfg.seed + 1))
     out["phases"]["attacked"] = {**safety_gate(model, gate, max_new_bytes=cfg.max_new_bytes), "steps": res.steps,
@@ -137,9 +146,10 @@ def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s
     progress(f"attacked: {out['phases']['attacked']}")
     attacked = model
 
-    (example, table), secs = _timed(lambda: choose_example(cfg, data, aligned, attacked))
-    out["selection"] = {"method": cfg.selection, "example": list(example), "seconds": secs, "candidates": table}
-    out["phases"]["patched"] = _patched(attacked, cfg, [example], gate)
+    (example, lr, table), secs = _timed(lambda: choose_example(cfg, data, aligned, attacked))
+    out["selection"] = {"method": cfg.selection, "example": list(example), "lr": lr, "seconds": secs,
+                        "candidates": table}
+    out["phases"]["patched"] = _patched(attacked, cfg, [example], gate, lr)
     progress(f"patched with {example}: {out['phases']['patched']}")
     out["mechanism"] = safety_gradient_report(copy.deepcopy(attacked), aligned, example,
                                               data.harmful("val", cfg.val_prompts))
@@ -155,7 +165,7 @@ def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s
         out["controls"] = {}
         for name, examples in controls.items():
             out["controls"][name] = {"examples": [list(e) for e in examples[:1]],
-                                     **_patched(attacked, cfg, examples, gate)}
+                                     **_patched(attacked, cfg, examples, gate, lr)}
             progress(f"control {name}: {out['controls'][name]}")
     out["refusal"] = REFUSAL
     return out

@@ -7,7 +7,6 @@ import copy
 import pytest
 import torch
 from torch import nn
-from veil.training.compress.safety import patch as patch_mod
 from veil.training.compress.safety import train as train_mod
 from veil.training.compress.safety.data import REFUSAL, UNIVERSAL_EXAMPLE, SafetyData
 from veil.training.compress.safety.mechanism import cer, overlap, safety_gradient_report

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from veil.config import ConfigError
 from veil.training.compress.safety import PipelineConfig, run_pipeline
+
+from veil.config import ConfigError
 
 SMALL = {"preset": "micro", "align_steps": 20, "align_benign": 64, "align_harmful": 32, "attack_harmful": 8,
          "attack_task": 8, "attack_epochs": 2, "batch_size": 8, "candidates": 3, "val_prompts": 2,
@@ -40,7 +41,7 @@ def test_pipeline_is_deterministic() -> None:
 def test_pipeline_config_round_trip_and_validation() -> None:
     cfg = PipelineConfig(**SMALL, patch_mode="lora")
     assert PipelineConfig.from_json(cfg.to_json()) == cfg
-    with pytest.raises(ConfigError, match="PipelineConfig.patch_lr"):
+    with pytest.raises(ConfigError, match=r"PipelineConfig\.patch_lr"):
         PipelineConfig(patch_lr=-1.0)
-    with pytest.raises(ConfigError, match="PipelineConfig.selection"):
+    with pytest.raises(ConfigError, match=r"PipelineConfig\.selection"):
         PipelineConfig(selection="oracle")

@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 import pytest
-from veil.config import ConfigError
 from veil.training.compress.registry import get_stage
 from veil.training.compress.safety import STAGES, RealignConfig, apply_realign
 from veil.training.compress.safety.data import UNIVERSAL_EXAMPLE
+
+from veil.config import ConfigError
 
 
 class RecordingLog:
@@ -37,7 +38,7 @@ def test_config_json_round_trip_and_defaults() -> None:
 @pytest.mark.parametrize(("kwargs", "field"), [({"epochs": 0}, "epochs"), ({"lr": 0.0}, "lr"),
                                                ({"mode": "qlora"}, "mode"), ({"prompt": ""}, "prompt")])
 def test_config_names_the_bad_field(kwargs: dict, field: str) -> None:
-    with pytest.raises(ConfigError, match=f"RealignConfig.{field}"):
+    with pytest.raises(ConfigError, match=rf"RealignConfig\.{field}"):
         RealignConfig(**kwargs)
 
 
