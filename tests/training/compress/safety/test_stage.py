@@ -64,3 +64,22 @@ def test_apply_patches_in_place_and_logs(micro_lm) -> None:
     assert record["module"] == "model" and record["params_before"] == record["params_after"] == 139_584
     assert record["steps"] == 4 and "asr_after" in record
     json.dumps(summary)
+
+
+def test_recipe_entry_parses_to_the_stage() -> None:
+    from veil.training.compress.recipe import parse_recipe
+
+    recipe = parse_recipe({"seed": 0, "stages": [{"method": "realign", "epochs": 10, "lr": 1e-4, "mode": "full"}]})
+    (entry,) = recipe.stages
+    assert entry.stage is STAGES["realign"] and entry.config == RealignConfig(epochs=10, lr=1e-4)
+    with pytest.raises(ConfigError, match="unknown options"):
+        parse_recipe({"stages": [{"method": "realign", "epoch": 3}]})
+
+
+def test_apply_with_the_module_log(micro_lm) -> None:
+    from veil.training.compress.log import ModuleLog
+
+    log = ModuleLog(progress=False)
+    log.stage = "realign"
+    apply_realign(micro_lm, RealignConfig(epochs=2), None, log)
+    assert log.records[0]["stage"] == "realign" and log.records[0]["steps"] == 2
