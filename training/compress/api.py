@@ -36,7 +36,7 @@ def describe_base(model: nn.Module) -> dict[str, Any]:
     from veil.export.encoder import SentenceEncoder
 
     if isinstance(model, SentenceEncoder):
-        return {"type": "sentence_encoder", "normalize": model.normalize, **describe_base(model.encoder)}
+        return {**describe_base(model.encoder), "type": "sentence_encoder", "normalize": model.normalize}
     if isinstance(model, PreTrainedModel):
         return {"type": "transformers", "class": type(model).__name__, "config": model.config.to_dict()}
     return {"type": "module", "class": type(model).__name__}

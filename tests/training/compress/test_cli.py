@@ -57,3 +57,26 @@ def test_bad_inputs_exit_2(checkpoint, tmp_path, capsys) -> None:
                  "--out", str(tmp_path / "o"), "--seq-len", "0"]) == 2
     assert "--seq-len" in capsys.readouterr().err
     assert "veil compress runs/lm --recipe" in build_parser().format_help()
+
+
+def test_compress_sentence_encoder_and_reload(tmp_path, capsys) -> None:
+    """The encoder path: MiniLM with plain SVD (fast), embedding cosine in the report, reload gives the same output."""
+    import torch
+    from veil.training.compress.api import load_compressed
+    from veil.training.compress.workloads import minilm
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("stages:\n  - method: svd\n    ratio: 0.2\n    targets: ['re:.*layer[.]0[.].*']\n")
+    out = tmp_path / "out"
+    code = main(["bundled:all-MiniLM-L6-v2", "--recipe", str(recipe), "--calibration", "bundled:pydoc_topics",
+                 "--out", str(out), "--num-sequences", "4", "--eval-sequences", "4", "--no-progress"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["parameters"]["factorised_layers"]["layers"] == 6
+    assert 0.5 < summary["metrics"]["after"]["mean_cosine"] < 1.0
+    reloaded, config = load_compressed(out)
+    assert config["base"]["type"] == "sentence_encoder" and len(config["factorized"]) == 6
+    _, tokenizer = minilm()
+    batch = tokenizer(["hello world", "a longer test sentence"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        emb = reloaded(batch["input_ids"], batch["attention_mask"])
+    assert emb.shape == (2, 384) and torch.isfinite(emb).all()
