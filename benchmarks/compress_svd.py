@@ -158,6 +158,31 @@ def minilm_part(args: argparse.Namespace, ratios: list[float]) -> dict[str, Any]
             "latency_input": "batch 8 x 128 tokens"}
 
 
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Depth-wise drift ||h - h~||/||h|| per block, per method (line style) and ratio (colour), for both workloads."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    styles = {"svd": ":", "svd_llm": "--", "saes_svd": "-"}
+    colours = dict(zip(results["ratios"], ("tab:blue", "tab:orange", "tab:red", "tab:green"), strict=False))
+    for ax, (key, title) in zip(axes, (("lm", "tiny LM"), ("minilm", "all-MiniLM-L6-v2")), strict=True):
+        for r in results[key]["runs"]:
+            ys = [d["rel_error"] for d in r["drift"]]
+            ax.plot(range(len(ys)), ys, styles[r["method"]], color=colours[r["ratio"]], marker="o", ms=3,
+                    label=f"{r['method']} {100 * r['ratio']:.0f} %")
+        ax.set(title=f"{title}: drift per block (held-out)", xlabel="block", ylabel="||h - h~|| / ||h||",
+               xticks=range(len(results[key]["runs"][0]["drift"])))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def markdown(results: dict[str, Any], command: str) -> str:
     env = results["environment"]
     lines = ["### Low-rank compression: SAES-SVD vs SVD-LLM vs plain SVD (issue 7)", "",
@@ -187,6 +212,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
             lines.append(f"| {name} | {e['file_bytes'] / 1e6:.2f} MB | {e['size_vs_uncompressed']:.3f} | "
                          f"{e['median_ms']:.2f} | {e['latency_vs_uncompressed']:.3f} | {e['matmul_pairs']} |")
         lines.append("")
+    lines.append("![drift per block](img/compress_svd_drift.png)")
     return "\n".join(lines)
 
 
@@ -213,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                                f"{os.cpu_count()} CPUs", "torch": torch.__version__, "onnxruntime": ort.__version__}}
     command = "python benchmarks/compress_svd.py" + (" " + " ".join(argv) if argv else "")
     save_results(args.out, SECTION, results, markdown(results, command))
+    plot(results, args.out / "img" / "compress_svd_drift.png")
     print(json.dumps({k: results[k]["order"] for k in ("lm", "minilm")}, indent=2))
     return 0
 
