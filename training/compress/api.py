@@ -99,7 +99,12 @@ def save_compressed(model: nn.Module, output_dir: str | Path, report: dict[str, 
     """Write weights, config (base + ranks), report.json and report.md as one folder, atomically."""
     from safetensors.torch import save_model
 
+    from .heapr import RaggedExperts, layout, moe_blocks
+
+    ragged = any(isinstance(block.experts, RaggedExperts) for _, block in moe_blocks(model))
     config = {"kind": "compressed", "base": describe_base(model), "factorized": factorised_ranks(model),
+              # pruned MoE blocks (HEAPr, expert_prune): expert count and per-expert widths
+              "moe_layout": layout(model) if ragged else {},
               "recipe": report["recipe"], "calibration": report["calibration"]}
     with atomic_dir(output_dir) as tmp:
         save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
@@ -130,6 +135,10 @@ def load_compressed(folder: str | Path) -> tuple[nn.Module, dict[str, Any]]:
         model: nn.Module = SentenceEncoder(inner, base["normalize"])
     else:
         model = inner
+    if config.get("moe_layout"):  # pruned experts: ragged widths before the weights load
+        from .heapr import apply_layout
+
+        apply_layout(model, config["moe_layout"])
     state = load_file(str(folder / "model.safetensors"))
     for name, rank in config["factorized"].items():
         old = model.get_submodule(name)

@@ -127,3 +127,17 @@ def test_recipe_through_compress_api(moe_factory, calibration_factory) -> None:
     assert heapr["atomic_experts_removed"] == 32 and heapr["config"]["ranking"] == "per_layer"
     assert experts["experts_removed"] == 2 and len(report["modules"]) == 4
     assert report["parameters"]["whole_model"]["params_after"] == count_params(model)
+
+
+def test_compress_output_folder_reloads_a_pruned_moe(moe_factory, calibration_factory, tmp_path) -> None:
+    """compress(output_dir=...) records the ragged expert widths; load_compressed rebuilds them exactly."""
+    from veil.training.compress.api import compress, load_compressed
+
+    model = moe_factory(seed=4)
+    compress(model, [{"method": "heapr", "ratio": 0.25}], calibration_factory(), output_dir=tmp_path / "out",
+             progress=False, drift=False)
+    again, config = load_compressed(tmp_path / "out")
+    assert config["moe_layout"] and count_params(again) == count_params(model)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
