@@ -148,10 +148,12 @@ class SafetyData:
         rng = self._rng("benign", split)
         seen: set[str] = set()
         out: list[Example] = []
-        while len(out) < n:
+        for _ in range(100 * n + 1000):  # bounded: "add" has ~2500 inputs in all, split three ways
+            if len(out) == n:
+                break
             task = BENIGN_TASKS[len(out) % len(BENIGN_TASKS)]
             if task == "add":
-                arg = f"{rng.randint(0, 29)} + {rng.randint(0, 29)}"
+                arg = f"{rng.randint(0, 49)} + {rng.randint(0, 49)}"
             else:
                 arg = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 5)))
             key = f"{task}:{arg}"
@@ -159,6 +161,8 @@ class SafetyData:
                 continue
             seen.add(key)
             out.append((benign_prompt(task, arg), benign_answer(task, arg)))
+        if len(out) < n:
+            raise ValueError(f"benign({split!r}): expected n <= {len(out)} distinct tasks, received {n}")
         return out
 
     def downstream(self, split: Split, n: int) -> list[Example]:

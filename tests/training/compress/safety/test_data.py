@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from veil.training.compress.safety.data import (
     CATEGORIES,
     REFUSAL,
@@ -47,3 +48,8 @@ def test_examples_have_the_right_labels() -> None:
     for prompt, answer in data.benign("val", 20):
         task = {"Copy": "copy", "Reverse": "reverse", "Uppercase": "upper", "Add": "add"}[prompt.split(":")[0]]
         assert benign_answer(task, prompt.split(": ", 1)[1]) == answer
+
+
+def test_asking_for_more_than_exists_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"benign\('val'\)"):
+        SafetyData(0).benign("val", 5000)
