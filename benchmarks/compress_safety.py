@@ -74,6 +74,29 @@ def settings(cfg: dict[str, Any]) -> str:
             f"{cfg['eval_benign']} benign / {cfg['eval_downstream']} downstream test prompts")
 
 
+def plot(summary: dict[str, Any], path: Path) -> None:
+    """Bars of ASR and benign utility per model (seed means): docs/img/compress_safety_asr.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary["rows"])
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    ax.bar([i - 0.2 for i in x], [summary["rows"][n]["asr"] for n in names], 0.4, label="ASR % (lower is safer)")
+    ax.bar([i + 0.2 for i in x], [summary["rows"][n]["utility"] for n in names], 0.4, label="benign utility %")
+    ax.axhline(10, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(list(x), [n.replace("control:", "") for n in names], rotation=30, ha="right")
+    ax.set_ylim(0, 105)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title("Tiny LM: aligned -> harmful fine-tune -> one-example patch (and controls)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def markdown(results: dict[str, Any], command: str) -> str:
     s = results["summary"]
     lines = [f"## One-example safety realignment (tiny byte-level Llama, {len(results['seeds'])} seed(s))", "",
@@ -120,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                                f"{os.cpu_count()} CPUs, 1 thread", "torch": torch.__version__}}
     command = "python benchmarks/compress_safety.py" + (" " + " ".join(argv) if argv else "")
     save_results(args.out, SECTION, results, markdown(results, command))
+    plot(results["summary"], args.out / "img" / "compress_safety_asr.png")
     print(json.dumps({k: results["summary"][k] for k in ("rows", "verdict")}, indent=1))
     return 0
 

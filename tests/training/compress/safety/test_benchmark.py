@@ -22,3 +22,4 @@ def test_benchmark_quick(tmp_path) -> None:
     assert set(results["summary"]["verdict"]) == {"attacked_asr", "patched_asr", "utility"}
     text = (tmp_path / "results.md").read_text()
     assert "<!-- compress_safety:begin -->" in text and "python benchmarks/compress_safety.py --quick" in text
+    assert (tmp_path / "img" / "compress_safety_asr.png").is_file()
