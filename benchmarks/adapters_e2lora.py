@@ -100,6 +100,11 @@ def markdown(results: dict[str, Any], command: str) -> str:
         lines.append(f"| {r['epochs']} | {r['task']} | {100 * r['lora_accuracy']:.1f} % | {100 * r['e2lora_accuracy']:.1f} % | "
                      f"{r['gap_points']:+.1f} | {r['lora_adapter_params']:,.0f} | {r['e2lora_adapter_params']:,.0f} | "
                      f"{100 * r['param_reduction']:.0f} % | {verdict} |")
+    for epochs in results["epochs"]:
+        rows = [r for r in results["summary"] if r["epochs"] == epochs]
+        lora, e2 = (sum(r[k] for r in rows) / len(rows) for k in ("lora_accuracy", "e2lora_accuracy"))
+        lines.append(f"| {epochs} | **mean of the tasks** | {100 * lora:.1f} % | {100 * e2:.1f} % | "
+                     f"{100 * (e2 - lora):+.1f} | | | | |")
     plans = sorted({json.dumps(r["plan"]) for r in results["runs"] if r["plan"]})
     lines += ["", "Sharing plans ([first layer, last layer, rank] per interval): " + "; ".join(plans) + "."]
     return "\n".join(lines)
