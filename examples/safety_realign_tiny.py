@@ -4,7 +4,7 @@ Aligns a byte-level Llama to answer benign rule tasks and refuse a synthetic, fi
 it on harmful completions, picks one refusal example and fine-tunes on it for 10 steps; prints the safety gate
 (ASR, benign utility) after each phase. Every PipelineConfig field is a flag (see --help).
 
-    python examples/safety_realign_tiny.py                                  # tiny preset, defaults (~6 min, 1 core)
+    python examples/safety_realign_tiny.py                                  # tiny preset, defaults (~4 min, 1 core)
     python examples/safety_realign_tiny.py --preset micro --align-steps 60 --candidates 4 --eval-harmful 16 \\
         --eval-benign 16 --eval-downstream 8                                # mechanics only, ~20 s
 """
