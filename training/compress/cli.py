@@ -133,7 +133,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run and print the summary JSON; ``--help`` and usage errors return argparse's status instead of exiting."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): the caller exits
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         summary = run(args)
     except (ValueError, FileNotFoundError) as exc:
