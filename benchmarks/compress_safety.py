@@ -99,7 +99,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 def markdown(results: dict[str, Any], command: str) -> str:
     s = results["summary"]
-    lines = [f"## One-example safety realignment (tiny byte-level Llama, {len(results['seeds'])} seed(s))", "",
+    lines = [f"### One-example safety realignment (tiny byte-level Llama, {len(results['seeds'])} seed(s))", "",
              f"`{command}` — {results['environment']['machine']}, torch {results['environment']['torch']}, "
              f"{results['environment']['date']}. Settings: {results['settings']}.", "",
              "| model | ASR % ↓ | benign utility % ↑ | benign refused % ↓ | downstream % ↑ | refusal log-prob / byte ↑ |",
