@@ -26,3 +26,13 @@ def save_results(docs: Path, key: str, results: Any, body: str) -> None:
     (docs / "results").mkdir(parents=True, exist_ok=True)
     (docs / "results" / f"{key}.json").write_text(json.dumps(results, indent=1))
     write_section(docs / "results.md", key, body)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out, write ``path`` (PNG, 110 dpi; folders created) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

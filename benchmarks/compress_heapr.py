@@ -51,7 +51,7 @@ from veil.training.lm.data import eval_blocks
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "compress_heapr"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results  # noqa: E402
+from common import save_figure, save_results  # noqa: E402
 
 RATIOS = (0.1, 0.25, 0.4)
 VARIANTS = {"heapr_first_order": {"first_order": True}, "heapr_per_token": {"fisher": "per_token"},
@@ -171,10 +171,7 @@ def plot(summary: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("held-out perplexity (bytes, log scale)")
         ax.set_title(f"tiny {arch} on pydoc topics")
         ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def markdown(results: dict[str, Any], command: str) -> str:

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "compress_svd"
 METHODS = ("svd", "svd_llm", "saes_svd")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results  # noqa: E402
+from common import save_figure, save_results  # noqa: E402
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -177,10 +177,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                xticks=range(len(results[key]["runs"][0]["drift"])))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def markdown(results: dict[str, Any], command: str) -> str:

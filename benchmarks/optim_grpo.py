@@ -35,7 +35,7 @@ LR = 3e-4
 CONFIGS = {m: GrpoConfig.preset(m, lr=LR) for m in ("grpo", "ar", "lopti", "ar_lopti", "lopti_reversed")}
 CONFIGS["grpo_2epochs"] = GrpoConfig.preset("grpo", lr=LR, ppo_epochs=2)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results  # noqa: E402
+from common import save_figure, save_results  # noqa: E402
 
 
 def columns(history: list[dict[str, float]]) -> dict[str, list[float]]:
@@ -126,10 +126,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     axes[0].set_ylabel("reward")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from veil.training.lm.config import LM_LR, full_model_optimizers
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "optim_lm"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results  # noqa: E402
+from common import save_figure, save_results  # noqa: E402
 
 # lr grids: AdamW around its usual small-model range; RACS/Alice around the paper's λ = 0.02 (Tables 9, 11), RACS
 # shifted up one point because 0.05, the top of its first grid {0.01, 0.02, 0.05}, won the 300-step sweep.
@@ -204,10 +204,7 @@ def plot(best: dict[str, dict[str, Any]], adam_final: float, path: Path,
         ax.set_title(title)
         ax.set_ylim(top=min(ax.get_ylim()[1], 3.5))
         ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _ratio(r: dict[str, Any]) -> str:

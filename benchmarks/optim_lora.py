@@ -48,7 +48,7 @@ LR_GRID = {"adamw": (2e-3, 5e-3, 1e-2), "adams": (1e-4, 3e-4, 1e-3), "lracs": (1
            "lracs_bc": (1e-3, 2e-3, 4e-3)}
 QUICK_LR = {"adamw": 2e-3, "adams": 1e-4, "lracs": 2.5e-4, "lracs_bc": 1e-3}
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results  # noqa: E402
+from common import save_figure, save_results  # noqa: E402
 
 
 def run_one(method: str, lr: float, task_name: str, seed: int, cfg: FinetuneConfig, head_lr: float) -> dict[str, Any]:
@@ -108,10 +108,7 @@ def plot(runs: list[dict[str, Any]], chosen: dict[str, float], tasks: list[str],
         ax.set_xlabel("step")
         ax.set_ylabel("training loss")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def markdown(results: dict[str, Any], command: str) -> str:

@@ -32,7 +32,7 @@ from veil.training.uldnet import (
 from veil.training.uldnet.config import DIGITS_PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results
+from common import save_figure, save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "uldnet_digits"
@@ -128,9 +128,7 @@ def plot(results: dict, path: Path) -> None:
     axes[0].set_ylabel("validation accuracy % (seed 0)")
     axes[0].set_ylim(50, 100)
     axes[0].legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
