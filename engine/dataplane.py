@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,10 +23,8 @@ from .models import OnnxModel
 
 if TYPE_CHECKING:
     from veil.he.keystore import KeyStore
-
-    from .he_model import HeModel
 from .protocol import InferRequest, InferResponse
-from .repository import index, read_model
+from .repository import CUSTOM_BACKENDS, index, read_model
 from .runtime import RuntimeOptions
 
 logger = logging.getLogger("veil.engine")
@@ -72,10 +71,10 @@ class DataPlane:
         for version, path in source.versions.items():
             # each version gets its own copy of the config: auto-complete fills it from that version's graph
             config = copy.deepcopy(source.config)
-            if config.backend == "veil_he":
-                from .he_model import HeModel
-
-                model: OnnxModel | HeModel = HeModel(config, version, path, source.manifest, self.keystore())
+            if config.backend in CUSTOM_BACKENDS:
+                spec = CUSTOM_BACKENDS[config.backend]
+                model_cls = getattr(importlib.import_module(spec.module), spec.cls)
+                model = model_cls(config, version, path, source.manifest, self)
             else:
                 model = OnnxModel(config, version, path, source.manifest, self.options)
             model.load(self.metrics)
@@ -115,7 +114,7 @@ class DataPlane:
 
     def providers(self) -> dict[str, str]:
         """``name/version`` -> the execution provider really in use."""
-        return {f"{m.name}/{m.version}": m.session.provider if m.session is not None else "veil_he"
+        return {f"{m.name}/{m.version}": m.session.provider if m.session is not None else m.config.backend
                 for versions in self.models.values() for m in versions.values()}
 
     # -- inference ------------------------------------------------------------------------------------

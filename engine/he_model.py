@@ -13,13 +13,12 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from veil.he.envelope import open_envelope, seal_envelope
 from veil.he.errors import MismatchError
 from veil.he.evaluate import PlanEvaluator
-from veil.he.keystore import KeyStore
 from veil.he.params import describe
 from veil.he.plan import Plan
 from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
@@ -28,6 +27,9 @@ from .errors import DatatypeMismatch, MissingInput, ModelLoadFailed, ShapeMismat
 from .metrics import Metrics, ModelMetrics
 from .protocol import InputTensor
 from .repository import ModelConfig, TensorConfig
+
+if TYPE_CHECKING:
+    from .dataplane import DataPlane
 
 logger = logging.getLogger("veil.engine")
 CIPHERTEXT = "ciphertext"
@@ -41,13 +43,13 @@ class HeModel:
         version: the version folder number.
         path: the version's ``plan.json``.
         manifest: veil.json (kind "he-plan").
-        keystore: the server-wide store of registered evaluation keys.
+        plane: the data plane, whose server-wide key store holds the registered evaluation keys.
     """
 
     def __init__(self, config: ModelConfig, version: int, path: Path, manifest: dict[str, Any] | None,
-                 keystore: KeyStore) -> None:
+                 plane: DataPlane) -> None:
         self.config, self.name, self.version, self.path = config, config.name, str(version), path
-        self.manifest, self.keystore = manifest, keystore
+        self.manifest, self.keystore = manifest, plane.keystore()
         self.ready, self.session, self.scheduler = False, None, None  # no ORT session, no batcher
         self.metrics: ModelMetrics | None = None
         self.inputs = {CIPHERTEXT: TensorConfig(CIPHERTEXT, "BYTES", [1])}

@@ -26,6 +26,29 @@ from .pbtxt import PbtxtError, parse
 from .protocol import datatype_to_triton, triton_to_datatype
 
 
+@dataclass(frozen=True)
+class CustomBackend:
+    """One of veil's own model kinds: where its model class lives and the file a version folder holds.
+
+    The class is imported only when a model of that backend loads, and is constructed as
+    ``cls(config, version, path, manifest, plane)`` (``plane``: the :class:`DataPlane`, for shared
+    services such as the HE key store); it then offers ``load(metrics)``, ``check_inputs``, ``infer``,
+    ``metadata`` and ``unload`` like :class:`veil.engine.models.OnnxModel`.
+    """
+
+    module: str
+    cls: str
+    filename: str
+
+
+# config.pbtxt `backend:` -> veil model kind; Triton cannot serve these, veil can
+CUSTOM_BACKENDS: dict[str, CustomBackend] = {
+    "veil_he": CustomBackend("veil.engine.he_model", "HeModel", "plan.json"),  # encrypted inference (CKKS plan)
+    "veil_codec": CustomBackend("veil.engine.codec_model", "CodecModel", "codec.json"),  # ARPC image codec
+    "veil_sampler": CustomBackend("veil.engine.sampler_model", "SamplerModel", "sampler.json"),  # PriorGuide
+}
+
+
 @dataclass
 class TensorConfig:
     """One input or output: OIP datatype and dims (without the batch dim when max_batch_size > 0; -1 = any)."""
@@ -58,7 +81,7 @@ class ModelConfig:
     graph_level: int | None = None
     version_policy: dict[str, Any] = field(default_factory=lambda: {"latest": {"num_versions": 1}})
     model_filename: str = "model.onnx"
-    backend: str = "onnxruntime"  # or "veil_he": an encrypted-inference plan (plan.json)
+    backend: str = "onnxruntime"  # or one of CUSTOM_BACKENDS (veil's own model kinds)
 
     def to_triton_json(self) -> dict[str, Any]:
         """The JSON Triton returns from ``GET /v2/models/{m}/config`` (field names as in model_config.proto)."""
@@ -67,7 +90,7 @@ class ModelConfig:
                     "dims": t.dims, "is_shape_tensor": False}
 
         out: dict[str, Any] = {
-            "name": self.name, "platform": "veil_he" if self.backend == "veil_he" else "onnxruntime_onnx",
+            "name": self.name, "platform": self.backend if self.backend in CUSTOM_BACKENDS else "onnxruntime_onnx",
             "backend": self.backend,
             "version_policy": self.version_policy, "max_batch_size": self.max_batch_size,
             "input": [tensor(t) for t in self.inputs], "output": [tensor(t) for t in self.outputs],
@@ -121,14 +144,14 @@ def parse_config(text: str, folder_name: str) -> ModelConfig:
     if name != folder_name:
         raise ValueError(f"name: expected the folder name {folder_name!r}, received {name!r}")
     platform, backend = raw.get("platform"), raw.get("backend")
-    if platform not in (None, "onnxruntime_onnx") or backend not in (None, "onnxruntime", "veil_he"):
-        raise ValueError(f"platform/backend: expected 'onnxruntime_onnx'/'onnxruntime' or backend 'veil_he', "
-                         f"received {platform or backend!r}")
-    he = backend == "veil_he"
+    if platform not in (None, "onnxruntime_onnx") or backend not in (None, "onnxruntime", *CUSTOM_BACKENDS):
+        raise ValueError(f"platform/backend: expected 'onnxruntime_onnx'/'onnxruntime' or a backend in "
+                         f"{sorted(CUSTOM_BACKENDS)}, received {platform or backend!r}")
+    default_file = CUSTOM_BACKENDS[backend].filename if backend in CUSTOM_BACKENDS else "model.onnx"
     config = ModelConfig(name=name, max_batch_size=_int(raw, "max_batch_size", 0, ""),
                          inputs=[_tensor(m, "input") for m in _repeated(raw, "input")],
                          outputs=[_tensor(m, "output") for m in _repeated(raw, "output")],
-                         model_filename=str(raw.get("default_model_filename", "plan.json" if he else "model.onnx")),
+                         model_filename=str(raw.get("default_model_filename", default_file)),
                          backend=str(backend or "onnxruntime"))
     if "dynamic_batching" in raw:
         block = raw["dynamic_batching"]

@@ -1,0 +1,1 @@
+"""ARPC codec training: multi-scale bitwise residual tokenizer, next-scale prior, trainer."""

@@ -1,0 +1,1 @@
+"""PriorGuide training side: simulators with known answers and the amortized diffusion posterior."""
