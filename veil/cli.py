@@ -15,7 +15,8 @@ from veil import __version__
 
 # group -> (what it is for, {verb: module}, example)
 GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
-    "train": ("train models from scratch", {"uldnet": "veil.training.uldnet.cli", "lm": "veil.training.lm.cli"},
+    "train": ("train models from scratch", {"uldnet": "veil.training.uldnet.cli", "lm": "veil.training.lm.cli",
+                                            "rl": "veil.training.rl.cli"},
               "veil train uldnet --preset digits --arch cnn --out runs/polycnn"),
     "finetune": ("adapter fine-tuning: LoRA, PSOFT, mtLoRA, E2LoRA, LoRA-Mixer, VAPT", {"": "veil.training.adapters.cli"},
                  "veil finetune --method lora --model bundled:all-MiniLM-L6-v2 --task sentiment --out runs/lora"),
