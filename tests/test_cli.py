@@ -41,10 +41,10 @@ def test_unknown_group_and_verb_are_errors(capsys: pytest.CaptureFixture[str]) -
     assert main(["nope"]) == 2
     assert "unknown group 'nope'" in capsys.readouterr().err
     assert main(["train", "nope"]) == 2
-    assert "unknown verb 'nope'; expected ['lm', 'uldnet']" in capsys.readouterr().err
+    assert "unknown verb 'nope'; expected ['lm', 'rl', 'uldnet']" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["train", "uldnet", "--help"], ["demo", "--help"]])
+@pytest.mark.parametrize("argv", [["train", "uldnet", "--help"], ["train", "rl", "--help"], ["demo", "--help"]])
 def test_verb_help_has_an_example(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(argv)
