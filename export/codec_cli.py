@@ -1,0 +1,41 @@
+"""`veil export codec`: a `veil train codec` checkpoint -> encoder/decoder/prior ONNX + codec.json in a repository.
+
+Examples:
+    veil export codec runs/codec --repo models --name codec
+    veil serve --repo models     # then POST /v2/models/codec/infer with a BYTES image or bitstream
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXAMPLE = """example:
+  veil export codec runs/codec --repo models --name codec
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="veil export codec", description=__doc__.splitlines()[0], epilog=EXAMPLE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path, help="a `veil train codec` checkpoint folder")
+    parser.add_argument("--repo", type=Path, required=True, help="model repository folder (created if missing)")
+    parser.add_argument("--name", required=True, help="model name in the repository")
+    parser.add_argument("--version", type=int, default=1, help="version folder (default 1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .codec import export_codec
+
+    args = build_parser().parse_args(argv)
+    manifest = export_codec(args.checkpoint, args.repo, args.name, args.version)
+    print(json.dumps({k: manifest[k] for k in ("name", "version", "kind", "model_hash", "scales", "bits", "validation")},
+                     indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
