@@ -1,0 +1,235 @@
+"""PriorGuide sampling: reverse VE diffusion guided by the prior ratio, with a schedule-adapted Langevin corrector.
+
+[PriorGuide] Yang, Rissanen, Chang, Loka, Huang, Solin, Heinonen, Acerbi, "PriorGuide: Test-Time Prior
+Adaptation for Simulation-Based Inference", ICLR 2026, arXiv:2510.13763.
+
+Guided score (Eqs 5–16): s̃(θ_t) = s(θ_t) + ∇_θt log Σ_k w_k N(μ_k | μ0|t(θ_t), Σ_k + Σ0|t), with Tweedie's
+μ0|t = θ_t + σ² s(θ_t) and the ratio r ≈ Σ_k w_k N(μ_k, Σ_k). The gradient is one vector–Jacobian product
+(``torch.autograd.grad`` of the log-sum above), so the Jacobian ∇μ0|t is included at the cost of one
+backward pass; ``jacobian="identity"`` drops it (sbi's choice) for comparison.
+
+Σ0|t = (C⁻¹ + σ⁻² I)⁻¹ with C the covariance assumed for p(θ0 | x):
+``paper`` C = I (Eq. 12), ``scalar`` C = s² I (the released code's data-driven variance), ``diag``/``full``
+C from a pilot of unguided draws (exact when the posterior is Gaussian), or a matrix passed by the caller.
+
+Steps (VE, ``steps`` = N predictor steps between σ_j > σ_{j+1}): θ ← θ + Δ s̃ + √Δ ε with Δ = σ_j² − σ_{j+1}²
+(Euler–Maruyama with g²dt integrated over the step), then ``langevin_steps`` corrector steps
+θ ← θ + δ s̃ + √(2δ) ε with δ = η σ̇σΔt/2 = η Δ/4 (App. A.3). NFE = N (N_L + 1).
+
+Example:
+    >>> from veil.posterior import Gaussian, GaussianLinearScore, PriorGuidePosterior
+    >>> train = Gaussian.diag([0.0, 0.0], [0.3, 0.3])
+    >>> post = PriorGuidePosterior(GaussianLinearScore(train, 0.1 * torch.eye(2)), train)
+    >>> draws = post.sample((1000,), x=torch.tensor([0.2, -0.1]), prior=Gaussian.diag([0.1, 0.0], [0.1, 0.1]))
+    >>> draws.theta.shape, draws.diagnostics["nfe"]
+    (torch.Size([1000, 2]), 225)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from veil.config import Config, ConfigError, field
+
+from .diagnostics import ood_fraction, sir_report
+from .priors import DTYPE, Prior
+from .ratio import FitSettings, GaussianMixtureRatio, identity_ratio, prior_ratio
+from .score import ScoreFunction, VESchedule
+
+MAX_SAMPLES = 100_000
+
+
+@dataclass
+class SamplerSettings(Config):
+    """PriorGuide sampling settings (defaults: the paper's N = 25, N_L = 8, η = 0.5, ρ = 2)."""
+
+    num_samples: int = field(1000, "posterior draws to return")
+    steps: int = field(25, "reverse-diffusion (Euler–Maruyama) steps N")
+    langevin_steps: int = field(8, "Langevin corrector steps N_L after each predictor step")
+    eta: float = field(0.5, "Langevin step scale η in δ = η σ̇σΔt/2")
+    rho: float = field(2.0, "time-grid exponent ρ: t_j = linspace(1, 0, N+1)^ρ")
+    nfe_budget: int = field(0, "cap on score evaluations N (N_L + 1); N_L, then N, are cut to fit (0: none)")
+    kernel: Literal["paper", "scalar", "diag", "full"] = field(
+        "full", "Σ0|t: paper σ²/(1+σ²)I; scalar/diag/full (C⁻¹+σ⁻²I)⁻¹ with C from unguided pilot draws")
+    jacobian: Literal["vjp", "identity"] = field("vjp", "guidance through ∇μ0|t (one VJP) or identity (sbi)")
+    pilot: int = field(500, "unguided draws for the kernel covariance and the SIR/ESS cross-check (0: none)")
+    ratio: Literal["auto", "fit"] = field("auto", "prior ratio: exact where possible (auto) or always fitted")
+    k: int = field(10, "Gaussian components of a fitted ratio")
+    fit_covariance: Literal["diag", "full"] = field("diag", "covariance of the fitted ratio's components")
+    fit_steps: int = field(1000, "Adam steps per restart of the ratio fit")
+    restarts: int = field(2, "restarts of the ratio fit (the best is kept)")
+    seed: int = field(0, "seed of the draws (the pilot uses seed + 1, the OOD check seed + 2)")
+
+    def validate(self) -> None:
+        if not 1 <= self.num_samples <= MAX_SAMPLES:
+            raise ConfigError(f"num_samples: expected 1..{MAX_SAMPLES}, received {self.num_samples}")
+        for name, low in (("steps", 1), ("langevin_steps", 0), ("nfe_budget", 0), ("pilot", 0), ("k", 1),
+                          ("fit_steps", 1), ("restarts", 1)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name}: expected an integer >= {low}, received {getattr(self, name)}")
+        if self.pilot > MAX_SAMPLES:
+            raise ConfigError(f"pilot: expected 0..{MAX_SAMPLES}, received {self.pilot}")
+        if not (self.eta > 0 and self.rho > 0):
+            raise ConfigError(f"eta, rho: expected positive numbers, received eta={self.eta} rho={self.rho}")
+        if self.kernel in ("scalar", "diag", "full") and self.pilot < 2:
+            raise ConfigError(f"kernel: {self.kernel!r} estimates C from pilot draws; expected pilot >= 2, "
+                              f"received {self.pilot} (or use kernel 'paper')")
+
+    def budgeted(self) -> tuple[int, int]:
+        """(N, N_L) after the NFE budget: N_L is cut first, then N."""
+        steps, lang = self.steps, self.langevin_steps
+        if self.nfe_budget and steps * (lang + 1) > self.nfe_budget:
+            lang = max(0, self.nfe_budget // steps - 1)
+            steps = min(steps, self.nfe_budget)
+        return steps, lang
+
+
+@dataclass
+class Samples:
+    """Posterior draws θ [n, d] (float64) and the diagnostics of the call that made them."""
+
+    theta: torch.Tensor
+    diagnostics: dict[str, Any]
+
+
+class _Guidance:
+    """∇ log Σ_k w_k N(μ_k | μ0|t(θ_t), Σ_k + Σ0|t) at one noise level, Σ0|t from the kernel covariance C."""
+
+    def __init__(self, ratio: GaussianMixtureRatio, kernel_eig: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.ratio, (self.lam, self.vec) = ratio, kernel_eig
+
+    def sigma0(self, sigma: float) -> torch.Tensor:
+        """Σ0|t = (C⁻¹ + σ⁻²I)⁻¹ = V diag(λσ²/(λ+σ²)) Vᵀ  [d, d]."""
+        s2 = sigma**2
+        return (self.vec * (self.lam * s2 / (self.lam + s2))) @ self.vec.T
+
+    def log_expected_ratio(self, mu0: torch.Tensor, sigma: float) -> torch.Tensor:
+        """log Σ_k w_k N(μ_k; μ0 [n, d], Σ̃_k) -> [n] (the log of E_{N(μ0, Σ0|t)}[r̂])."""
+        cov = self.ratio.covs + self.sigma0(sigma)  # [K, d, d]
+        inv_chol = torch.linalg.inv(torch.linalg.cholesky(cov))  # [K, d, d]
+        diff = self.ratio.means.unsqueeze(0) - mu0.unsqueeze(1)  # [n, K, d]
+        z = torch.einsum("kij,nkj->nki", inv_chol, diff)  # [n, K, d]
+        logdet = -inv_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)  # [K] half log det Σ̃_k
+        log_n = -0.5 * (z**2).sum(-1) - logdet - 0.5 * mu0.shape[-1] * math.log(2 * math.pi)  # [n, K]
+        return torch.logsumexp(log_n + self.ratio.log_weights, -1)
+
+
+class PriorGuidePosterior:
+    """An amortized diffusion posterior p(θ | x) whose prior can be swapped at sampling time (PriorGuide).
+
+    Args:
+        score: the score s(θ_t, σ, x) of the training posterior (analytic or a trained network).
+        train_prior: p_train, the prior the score was trained under.
+        n_train: simulations the score was trained on (sets the OOD level α = 10/N_train).
+        schedule: the VE noise schedule the score was trained with.
+    """
+
+    def __init__(self, score: ScoreFunction, train_prior: Prior, n_train: int = 10_000,
+                 schedule: VESchedule | None = None) -> None:
+        if train_prior.dim != score.dim:
+            raise ValueError(f"train_prior: expected dimension {score.dim} (the score's θ), received {train_prior.dim}")
+        self.score, self.train_prior, self.n_train = score, train_prior, n_train
+        self.schedule = schedule or VESchedule()
+
+    def sample(self, shape: tuple[int, ...] = (), x: torch.Tensor | None = None, prior: Prior | None = None,
+               settings: SamplerSettings | None = None, kernel_cov: torch.Tensor | None = None,
+               **overrides: Any) -> Samples:
+        """Draws from q(θ | x) ∝ q(θ) p(x | θ), or from p_train(θ | x) when ``prior`` is None.
+
+        Args:
+            shape: ``(n,)`` overrides ``settings.num_samples``.
+            x: the observation [d_x].
+            prior: the test prior q (None: unguided sampling under the training prior).
+            settings: sampling settings; ``overrides`` replace single fields (e.g. ``steps=200``).
+            kernel_cov: C of Σ0|t given explicitly (e.g. the exact posterior covariance), overriding ``kernel``.
+
+        Returns:
+            :class:`Samples` with θ [n, d] and the diagnostics (seed, NFE, ratio fit, OOD, SIR cross-check).
+        """
+        if x is None:
+            raise ValueError("sample: expected an observation x=..., received none")
+        settings = (settings or SamplerSettings()).replace(**overrides)
+        if shape:
+            settings = settings.replace(num_samples=int(math.prod(shape)))
+        x = torch.as_tensor(x, dtype=DTYPE).reshape(-1)
+        if x.numel() != self.score.x_dim:
+            raise ValueError(f"x: expected {self.score.x_dim} values, received {x.numel()}")
+        if prior is not None and prior.dim != self.train_prior.dim:
+            raise ValueError(f"prior: expected dimension {self.train_prior.dim} (the model's θ), received {prior.dim}")
+        start = time.perf_counter()
+        steps, lang = settings.budgeted()
+        diag: dict[str, Any] = {"seed": settings.seed, "steps": steps, "langevin_steps": lang,
+                                "nfe": steps * (lang + 1), "jacobian": settings.jacobian}
+        ratio = identity_ratio(self.train_prior.dim) if prior is None else prior_ratio(
+            self.train_prior, prior, settings.ratio,
+            FitSettings(settings.k, settings.fit_covariance, settings.fit_steps, restarts=settings.restarts,
+                        seed=settings.seed))
+        diag["ratio"] = ratio.describe()
+        guided = ratio.k > 0
+        pilot = None
+        if guided and settings.pilot > 0:
+            pilot = self._run(x, settings.pilot, steps, 0, settings, None, settings.seed + 1)
+            diag["pilot"] = {"draws": settings.pilot, "nfe": steps}
+            diag["sir"] = sir_report(pilot, self.train_prior, prior)  # type: ignore[arg-type]
+        guidance = _Guidance(ratio, torch.linalg.eigh(self._kernel_cov(settings, pilot, kernel_cov))) if guided else None
+        diag["kernel"] = "given" if kernel_cov is not None else settings.kernel
+        theta = self._run(x, settings.num_samples, steps, lang, settings, guidance, settings.seed)
+        if prior is not None:
+            diag["ood"] = ood_fraction(self.train_prior, prior, self.n_train, seed=settings.seed + 2)
+        diag["vjp"] = diag["nfe"] if guided and settings.jacobian == "vjp" else 0
+        diag["seconds"] = round(time.perf_counter() - start, 4)
+        return Samples(theta, diag)
+
+    def _kernel_cov(self, settings: SamplerSettings, pilot: torch.Tensor | None,
+                    given: torch.Tensor | None) -> torch.Tensor:
+        """C of Σ0|t [d, d]: given, identity (paper), or from the pilot draws (scalar, diag, full)."""
+        d = self.train_prior.dim
+        if given is not None:
+            return torch.as_tensor(given, dtype=DTYPE)
+        if settings.kernel == "paper" or pilot is None:
+            return torch.eye(d, dtype=DTYPE)
+        cov = torch.cov(pilot.T).reshape(d, d) + 1e-9 * torch.eye(d, dtype=DTYPE)
+        if settings.kernel == "scalar":
+            return cov.diagonal().mean() * torch.eye(d, dtype=DTYPE)
+        return torch.diag(cov.diagonal()) if settings.kernel == "diag" else cov
+
+    def _run(self, x: torch.Tensor, n: int, steps: int, lang: int, settings: SamplerSettings,
+             guidance: _Guidance | None, seed: int) -> torch.Tensor:
+        """One reverse run of ``n`` draws: predictor steps, each followed by ``lang`` Langevin steps."""
+        gen = torch.Generator().manual_seed(seed)
+        sigmas = self.schedule.sigmas(steps, settings.rho)  # [N+1]
+        spread = self.train_prior.covariance().diagonal()  # the VE marginal at σ_max: N(mean, σ_max² + var)
+        theta = self.train_prior.mean() + torch.randn(n, self.score.dim, generator=gen, dtype=DTYPE) * torch.sqrt(
+            sigmas[0] ** 2 + spread)
+        for j in range(steps):
+            hi, lo = float(sigmas[j]), float(sigmas[j + 1])
+            delta = hi**2 - lo**2
+            s = self._guided_score(theta, hi, x, guidance, settings.jacobian)
+            theta = theta + delta * s + math.sqrt(delta) * torch.randn(theta.shape, generator=gen, dtype=DTYPE)
+            step = settings.eta * delta / 4
+            for _ in range(lang):
+                s = self._guided_score(theta, lo, x, guidance, settings.jacobian)
+                theta = theta + step * s + math.sqrt(2 * step) * torch.randn(theta.shape, generator=gen, dtype=DTYPE)
+        return theta
+
+    def _guided_score(self, theta: torch.Tensor, sigma: float, x: torch.Tensor, guidance: _Guidance | None,
+                      jacobian: str) -> torch.Tensor:
+        """s̃ = s + ∇ log E[r̂] at one noise level; a single backward pass (VJP) when ``jacobian == 'vjp'``."""
+        sig = torch.full((theta.shape[0],), sigma, dtype=DTYPE)
+        if guidance is None:
+            with torch.no_grad():
+                return self.score(theta, sig, x)
+        with torch.enable_grad():
+            leaf = theta.detach().requires_grad_(jacobian == "vjp")
+            s = self.score(leaf, sig, x)
+            mu0 = leaf + sigma**2 * s  # Tweedie, [n, d]
+            if jacobian == "identity":
+                mu0 = mu0.detach().requires_grad_(True)
+            log_e = guidance.log_expected_ratio(mu0, sigma)  # [n]
+            (grad,) = torch.autograd.grad(log_e.sum(), leaf if jacobian == "vjp" else mu0)
+        return (s + grad).detach()
