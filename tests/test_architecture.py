@@ -29,3 +29,17 @@ def test_rooms_import_under_the_veil_namespace() -> None:
 
     for module, folder in ((veil.training, "training"), (veil.export, "export"), (veil.he, "he"), (veil.engine, "engine")):
         assert Path(module.__file__).resolve().parent == ROOT / folder
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    """A non-editable install ships only the listed packages: every folder with an __init__.py must be there."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((package, *parts)))
+    assert sorted(found - set(setuptools["packages"])) == []
+    assert sorted(set(setuptools["packages"]) - found) == []
