@@ -30,16 +30,21 @@ def group_rows(index: torch.Tensor, num_adapters: int) -> tuple[torch.Tensor, to
 
 
 @triton.jit
+def _adapter_rows(order_ptr, starts_ptr, counts_ptr, adapter, mb, BM: tl.constexpr):
+    """Row block ``mb`` of ``adapter``'s rows: (BM,) row indices gathered through the sorted order, and their mask."""
+    local = mb * BM + tl.arange(0, BM)
+    row_ok = local < tl.load(counts_ptr + adapter)
+    return tl.load(order_ptr + tl.load(starts_ptr + adapter) + local, mask=row_ok, other=0), row_ok
+
+
+@triton.jit
 def _shrink_kernel(x_ptr, a_ptr, t_ptr, order_ptr, starts_ptr, counts_ptr, K, R,
                    sxm, sxk, sal, sak, sar, stm, str_,
                    BM: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr):
     adapter, mb, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    count = tl.load(counts_ptr + adapter)
-    if mb * BM >= count:
+    if mb * BM >= tl.load(counts_ptr + adapter):
         return
-    local = mb * BM + tl.arange(0, BM)
-    row_ok = local < count
-    rows = tl.load(order_ptr + tl.load(starts_ptr + adapter) + local, mask=row_ok, other=0)  # (BM,) gathered
+    rows, row_ok = _adapter_rows(order_ptr, starts_ptr, counts_ptr, adapter, mb, BM)
     rs = rb * BR + tl.arange(0, BR)
     acc = tl.zeros((BM, BR), dtype=tl.float32)
     for k0 in range(0, K, BK):
@@ -57,12 +62,9 @@ def _expand_kernel(t_ptr, b_ptr, y_ptr, scale_ptr, order_ptr, starts_ptr, counts
                    stm, str_, sbl, sbr, sbn, sym, syn,
                    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr):
     adapter, mb, nb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    count = tl.load(counts_ptr + adapter)
-    if mb * BM >= count:
+    if mb * BM >= tl.load(counts_ptr + adapter):  # this adapter has fewer rows: nothing to do
         return
-    local = mb * BM + tl.arange(0, BM)
-    row_ok = local < count
-    rows = tl.load(order_ptr + tl.load(starts_ptr + adapter) + local, mask=row_ok, other=0)
+    rows, row_ok = _adapter_rows(order_ptr, starts_ptr, counts_ptr, adapter, mb, BM)
     ns = nb * BN + tl.arange(0, BN)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for r0 in range(0, R, BR):
