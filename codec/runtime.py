@@ -135,12 +135,8 @@ class CodecRuntime:
         _, h, w = z.shape
         tokens = self.tokenize(z)
         upto = K if k is None else k
-        chunks, ce, raw = [], [], []
-        for j in range(upto):
-            q = self.probabilities(tokens, h, w, j)
-            chunks.append(encode_bits(tokens[j], q))
-            ce.append(cross_entropy_bits(tokens[j], q))
-            raw.append(tokens[j].size)
+        chunks, ce = self.encode_tokens(tokens[:upto], h, w)
+        raw = [t.size for t in tokens[:upto]]
         header = bs.Header(self.hash4, H, W, upto, mode, seed, temperature)
         data = bs.write(bs.Bitstream(header, chunks))
         if target_bpp is not None:
@@ -150,6 +146,15 @@ class CodecRuntime:
                     chosen = n
             data, upto = bs.truncate(data, chosen), chosen
         return Encoded(data, upto, len(data) * 8 / (H * W), float(sum(ce[:upto])), int(sum(raw[:upto])))
+
+    def encode_tokens(self, tokens: list[np.ndarray], h: int, w: int) -> tuple[list[bytes], list[float]]:
+        """Range-code the given scales, one stream each: (chunks, model cross-entropy of each in bits)."""
+        chunks, ce = [], []
+        for j, bits in enumerate(tokens):
+            q = self.probabilities(tokens, h, w, j)
+            chunks.append(encode_bits(bits, q))
+            ce.append(cross_entropy_bits(bits, q))
+        return chunks, ce
 
     # -- decode ---------------------------------------------------------------------------------------
     def read(self, data: bytes) -> bs.Bitstream:

@@ -1,0 +1,58 @@
+"""`veil codec` verbs through main(argv): encode, decode, truncate, eval, bench, plot, help and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from veil.codec.cli import build_parser, main
+from veil.codec.images import load_image, png_bytes
+
+
+def run(capsys, *argv: str) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_help_shows_an_example(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--help"])
+    assert info.value.code == 0 and "veil codec encode photo.png" in capsys.readouterr().out
+
+
+def test_encode_decode_truncate_eval(capsys, tmp_path, codec_dir, images) -> None:
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "crop.png").write_bytes(png_bytes(images.crop))
+    model = str(codec_dir.parent)  # a model folder: the latest version is used
+    enc = run(capsys, "encode", str(tmp_path / "imgs" / "crop.png"), "-o", str(tmp_path / "c.vc"), "--model", model,
+              "--scales", "6")
+    assert enc["scales"] == 6 and enc["bytes"] == (tmp_path / "c.vc").stat().st_size
+    dec = run(capsys, "decode", str(tmp_path / "c.vc"), "-o", str(tmp_path / "c.png"), "--model", model)
+    assert dec["height"] == 96 and load_image((tmp_path / "c.png").read_bytes()).shape == images.crop.shape
+    cut = run(capsys, "truncate", str(tmp_path / "c.vc"), "--scales", "3", "-o", str(tmp_path / "c3.vc"))
+    assert cut["bytes"] < enc["bytes"]
+    ev = run(capsys, "eval", str(tmp_path / "imgs"), "--model", model, "--target-bpp", "0.05", "--per-image")
+    assert ev["mean"]["bpp"] <= 0.05 and ev["images"][0]["image"] == "crop.png"
+    assert {"psnr", "ms_ssim", "encoding_time", "decoding_time"} <= set(ev["mean"])
+
+
+def test_bench_and_plot(capsys, tmp_path, codec_dir, images) -> None:
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "crop.png").write_bytes(png_bytes(images.crop))
+    out = run(capsys, "bench", str(tmp_path / "imgs"), "--model", str(codec_dir), "--targets", "0.2",
+              "--codecs", "webp", "-o", str(tmp_path / "b.json"))
+    row = out["rows"][0]
+    assert row["veil"]["mean"]["bpp"] <= 0.2 and len(out["curve"]) == 10
+    assert row["webp"]["mean"] is None or row["webp"]["mean"]["bpp"] <= 0.2
+    plotted = run(capsys, "plot", str(tmp_path / "b.json"), "-o", str(tmp_path / "rd.png"))
+    assert plotted["output"].endswith("rd.png") and (tmp_path / "rd.png").stat().st_size > 5_000
+
+
+def test_errors_exit_2_with_the_reason(capsys, tmp_path, codec_dir) -> None:
+    (tmp_path / "junk.vc").write_bytes(b"junk bytes")
+    assert main(["decode", str(tmp_path / "junk.vc"), "-o", str(tmp_path / "x.png"), "--model", str(codec_dir)]) == 2
+    assert "bitstream magic" in capsys.readouterr().err
+    assert main(["encode", str(tmp_path / "junk.vc"), "-o", str(tmp_path / "x.vc"), "--model", str(codec_dir)]) == 2
+    assert "image format" in capsys.readouterr().err
+    assert main(["encode", str(tmp_path / "junk.vc"), "-o", str(tmp_path / "x.vc"), "--model", str(tmp_path)]) == 2
+    assert "expected an exported codec" in capsys.readouterr().err

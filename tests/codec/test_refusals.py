@@ -1,0 +1,93 @@
+"""Corrupt, truncated and foreign streams, and unsupported or oversize images, are refused naming the field."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from PIL import Image
+from veil.codec import bitstream as bs
+from veil.codec.errors import BitstreamError, ImageError, ImageTooLarge
+from veil.codec.images import load_image, png_bytes
+from veil.codec.runtime import CodecRuntime
+
+
+@pytest.fixture(scope="module")
+def stream(runtime, images) -> bytes:
+    return runtime.encode(images.crop, k=5).data
+
+
+def refused(runtime: CodecRuntime, data: bytes, field: str) -> str:
+    with pytest.raises(BitstreamError) as info:
+        runtime.decode(data)
+    assert info.value.field == field, str(info.value)
+    return str(info.value)
+
+
+def test_foreign_magic(runtime, stream) -> None:
+    assert "expected b'VC'" in refused(runtime, b"\x89PNG\r\n" + stream[6:], "magic")
+    refused(runtime, b"", "magic")
+
+
+def test_other_format_version(runtime, stream) -> None:
+    assert "received 9" in refused(runtime, stream[:2] + b"\x09" + stream[3:], "version")
+
+
+@pytest.mark.parametrize("where", [5, 12, 20, -6, -1])
+def test_any_flipped_byte_fails_the_crc(runtime, stream, where: int) -> None:
+    data = bytearray(stream)
+    data[where] ^= 0x40
+    refused(runtime, bytes(data), "crc")
+
+
+@pytest.mark.parametrize("cut", [1, 3, 10])
+def test_truncated_stream(runtime, stream, cut: int) -> None:
+    with pytest.raises(BitstreamError) as info:
+        runtime.decode(stream[:-cut])
+    assert info.value.field in ("crc", "length")
+
+
+def test_stream_of_another_model(runtime, stream) -> None:
+    parsed = bs.read(stream)
+    foreign = bs.write(bs.Bitstream(replace(parsed.header, model_hash=b"\0\1\2\3"), parsed.chunks))
+    assert "00010203" in refused(runtime, foreign, "model hash")
+
+
+def test_well_sealed_but_inconsistent_chunks(runtime, stream) -> None:
+    parsed = bs.read(stream)
+    body = bytearray(bs.write(parsed)[:-4])
+    body[bs.header_size(stream)] = 0x7F  # first chunk claims 127 bytes
+    import zlib
+
+    refused(runtime, bytes(body) + zlib.crc32(body).to_bytes(4, "big"), "chunk length")
+
+
+def test_truncate_is_a_byte_operation_with_a_fresh_crc(stream) -> None:
+    cut = bs.truncate(stream, 2)
+    assert bs.read(cut).header.k == 2 and len(cut) < len(stream)
+    with pytest.raises(BitstreamError, match="scales sent"):
+        bs.truncate(stream, 6)
+
+
+def test_unsupported_and_oversize_images() -> None:
+    gif = io.BytesIO()
+    Image.new("RGB", (32, 32)).save(gif, format="GIF")
+    with pytest.raises(ImageError, match="image format"):
+        load_image(gif.getvalue())
+    with pytest.raises(ImageError, match="image format"):
+        load_image(b"not an image at all")
+    with pytest.raises(ImageError, match="empty"):
+        load_image(b"")
+    big = png_bytes(np.zeros((300, 300, 3), np.uint8))
+    with pytest.raises(ImageTooLarge, match="at most 40000 pixels"):
+        load_image(big, max_pixels=40_000)
+    with pytest.raises(ImageError, match=">= 8"):
+        load_image(png_bytes(np.zeros((4, 40, 3), np.uint8)))
+    assert load_image(big).shape == (300, 300, 3)
+
+
+def test_encode_refuses_bad_scales(runtime, images) -> None:
+    with pytest.raises(ValueError, match=r"expected k in \[1, 10\]"):
+        runtime.encode(images.crop, k=11)

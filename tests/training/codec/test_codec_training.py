@@ -1,0 +1,69 @@
+"""The torch side: configs, the fixed split, quantizer shapes, block-causal prior, deterministic training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from veil.codec.scales import scale_sizes
+from veil.training.codec.config import CodecModelConfig, CodecTrainConfig
+from veil.training.codec.data import HELD_OUT, TRAIN, random_crops, skimage_images
+from veil.training.codec.model import Prior, Tokenizer
+from veil.training.codec.trainer import train_codec
+
+from veil.config import ConfigError
+
+TINY = {"d": 8, "bits": [4, 4, 4, 4, 6, 6, 6, 8, 8, 8], "channels": [8, 8, 8, 8], "prior_width": 16,
+        "prior_layers": 1, "prior_heads": 2}
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"bits: expected one entry per scale \(10\), received 3"):
+        CodecModelConfig(bits=[1, 2, 3])
+    with pytest.raises(ConfigError, match=r"bits: expected values in \[1, d=12\]"):
+        CodecModelConfig(bits=[13] * 10)
+    with pytest.raises(ConfigError, match="srd"):
+        CodecTrainConfig(srd=1.5)
+    assert CodecModelConfig().stride == 16
+
+
+def test_split_is_fixed_and_held_out_photos_are_refused() -> None:
+    assert not set(TRAIN) & {*HELD_OUT, "cat"}
+    with pytest.raises(ValueError, match="held out"):
+        skimage_images(("rocket", "cat"))
+    with pytest.raises(ValueError, match="held out"):
+        skimage_images(("astronaut",))
+
+
+def test_quantizer_tokens_follow_scales_and_masks() -> None:
+    torch.manual_seed(0)
+    cfg = CodecModelConfig(**TINY)
+    tok = Tokenizer(cfg).eval()
+    x = random_crops(list(skimage_images(("camera",)).values()), 2, 80, np.random.default_rng(0))
+    with torch.no_grad():
+        y, tokens, _ = tok(x)
+    assert y.shape == x.shape
+    sizes = scale_sizes(5, 5, cfg.scales)
+    assert [tuple(t.shape) for t in tokens] == [(2, h, w, m) for (h, w), m in zip(sizes, cfg.bits, strict=True)]
+
+
+def test_prior_is_block_causal() -> None:
+    torch.manual_seed(0)
+    prior = Prior(CodecModelConfig(**TINY)).eval()
+    sid = torch.tensor([[0, 1, 1, 2, 2, 2, 2]])
+    feats, pos = torch.randn(1, 7, 72), torch.randn(1, 7, 16)
+    changed = feats.clone()
+    changed[:, 3:] += 1.0  # only scale 2's inputs change
+    with torch.no_grad():
+        a, b = prior(feats, pos, sid), prior(changed, pos, sid)
+    assert torch.equal(a[:, :3], b[:, :3]) and not torch.equal(a[:, 3:], b[:, 3:])
+
+
+def test_training_is_deterministic_for_a_seed() -> None:
+    images = list(skimage_images(("camera",)).values())
+    cfg = CodecTrainConfig(tokenizer_steps=2, prior_steps=2, crop=64, prior_crop=64, batch_size=2, prior_crops=2)
+    a = train_codec(CodecModelConfig(**TINY), cfg, images, progress=False)
+    b = train_codec(CodecModelConfig(**TINY), cfg, images, progress=False)
+    for m1, m2 in ((a.tokenizer, b.tokenizer), (a.prior, b.prior)):
+        assert all(torch.equal(p, q) for p, q in zip(m1.state_dict().values(), m2.state_dict().values(), strict=True))
+    assert set(a.metrics) == {"tokenizer_loss", "prior_bits_per_active_bit", "train_seconds"}
