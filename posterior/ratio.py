@@ -8,7 +8,8 @@
 * ``closed-form``: p_train Gaussian and every component of q narrower (Σ_k⁻¹ − Σ_p⁻¹ ≻ 0): each
   π_k N(μ_k, Σ_k)/N(μ_p, Σ_p) is exactly a scaled Gaussian, so r is an exact K-component mixture;
 * ``fit``: otherwise (or when asked): a K-component mixture fitted to log r by the weighted log-L2 objective
-  of the released code, Σ_k π_k E_{θ~N_k}[(log r̂(θ) − log r(θ))²] (reparameterised draws), with a fitted
+  of the released code, Σ_k π_k E_{θ~N_k}[(log r̂(θ) − log r(θ))²] (reparameterised draws), plus the same
+  squared error at draws of q (the released objective alone can drop a mode of q entirely), with a fitted
   log-normaliser, standard deviations through softplus(·) + 1e-3 everywhere (the released code fits with
   softplus but exports exp: fixed here), several restarts (the best kept) and an LRU cache keyed by
   (train hash, test hash, K, covariance, seed, steps).
@@ -105,9 +106,9 @@ class FitSettings:
 
     k: int = 10
     covariance: Literal["diag", "full"] = "diag"
-    steps: int = 1000
+    steps: int = 600
     batch: int = 128  # draws per component per step
-    lr: float = 0.02
+    lr: float = 0.05
     restarts: int = 2
     seed: int = 0
 
@@ -140,12 +141,14 @@ class _Mixture(torch.nn.Module):
                  - 0.5 * theta.shape[-1] * math.log(2 * math.pi))  # [..., K]
         return torch.logsumexp(log_n + self.log_weights(), -1)
 
-    def objective(self, eps: torch.Tensor, log_r) -> torch.Tensor:
-        """Σ_k π_k mean_b (log r̂ − log r)² over reparameterised draws θ = μ_k + L_k ε [K, B, d]."""
+    def objective(self, eps: torch.Tensor, anchors: torch.Tensor, log_r) -> torch.Tensor:
+        """Σ_k π_k mean_b (log r̂ − log r)² over reparameterised draws θ = μ_k + L_k ε [K, B, d], plus the same
+        squared error at draws of q ``anchors`` [M, d] (so that no mode of q is left uncovered)."""
         chol = self.chol()
         theta = self.means.unsqueeze(1) + torch.einsum("kij,kbj->kbi", chol, eps)  # [K, B, d]
         err = (self.log_prob(theta, chol) - log_r(theta.reshape(-1, theta.shape[-1])).reshape(theta.shape[:2])) ** 2
-        return (torch.softmax(self.logits, 0).detach() * err.mean(1)).sum()
+        anchor_err = ((self.log_prob(anchors, chol) - log_r(anchors)) ** 2).mean()
+        return (torch.softmax(self.logits, 0).detach() * err.mean(1)).sum() + anchor_err
 
 
 def fit_ratio(train: Prior, test: Prior, settings: FitSettings, progress: bool = False) -> GaussianMixtureRatio:
@@ -160,7 +163,7 @@ def fit_ratio(train: Prior, test: Prior, settings: FitSettings, progress: bool =
     d = test.dim
     for restart in range(settings.restarts):
         init = test.sample(settings.k, gen)  # means start at draws of q
-        std = test.covariance().diagonal().sqrt().expand(settings.k, d)
+        std = 0.5 * test.covariance().diagonal().sqrt().expand(settings.k, d)  # narrower than q: modes apart
         model = _Mixture(init, std, settings.covariance == "full")
         opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, settings.steps, eta_min=settings.lr * 0.01)
@@ -168,13 +171,14 @@ def fit_ratio(train: Prior, test: Prior, settings: FitSettings, progress: bool =
                    disable=not progress, leave=False)
         for _ in bar:
             eps = torch.randn(settings.k, settings.batch, d, generator=gen, dtype=DTYPE)
-            loss = model.objective(eps, log_r)
+            loss = model.objective(eps, test.sample(settings.batch, gen), log_r)
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
         with torch.no_grad():
-            error = float(model.objective(torch.randn(settings.k, 2048, d, generator=gen, dtype=DTYPE), log_r))
+            error = float(model.objective(torch.randn(settings.k, 2048, d, generator=gen, dtype=DTYPE),
+                                          test.sample(4096, gen), log_r))
         if math.isfinite(error) and (best is None or error < best[0]):
             best = (error, model)
     if best is None:

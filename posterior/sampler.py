@@ -61,7 +61,7 @@ class SamplerSettings(Config):
     ratio: Literal["auto", "fit"] = field("auto", "prior ratio: exact where possible (auto) or always fitted")
     k: int = field(10, "Gaussian components of a fitted ratio")
     fit_covariance: Literal["diag", "full"] = field("diag", "covariance of the fitted ratio's components")
-    fit_steps: int = field(1000, "Adam steps per restart of the ratio fit")
+    fit_steps: int = field(600, "Adam steps per restart of the ratio fit")
     restarts: int = field(2, "restarts of the ratio fit (the best is kept)")
     seed: int = field(0, "seed of the draws (the pilot uses seed + 1, the OOD check seed + 2)")
 
