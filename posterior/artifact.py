@@ -33,14 +33,27 @@ class SamplerArtifact:
     spec: dict[str, Any]
 
 
+def resolve(path: str | Path) -> Path:
+    """sampler.json itself, in a version folder, or in a model folder's highest numeric version."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if (path / SAMPLER_FILE).is_file():
+        return path / SAMPLER_FILE
+    versions = sorted((int(p.name) for p in path.glob("*") if p.is_dir() and p.name.isdigit()), reverse=True)
+    for v in versions:
+        if (path / str(v) / SAMPLER_FILE).is_file():
+            return path / str(v) / SAMPLER_FILE
+    raise FileNotFoundError(f"model: expected a {SAMPLER_FILE} in {str(path)!r} or its version folders, found none")
+
+
 def load_artifact(path: str | Path) -> SamplerArtifact:
-    """Load ``sampler.json`` (or the folder holding it) and its ``torch.export`` program.
+    """Load a sampler (``sampler.json``, its version folder or its model folder) and its ``torch.export`` program.
 
     Raises:
         FileNotFoundError: a file is missing. ValueError: sampler.json is malformed (the message names the field).
     """
-    path = Path(path)
-    spec_path = path / SAMPLER_FILE if path.is_dir() else path
+    spec_path = resolve(path)
     spec = json.loads(spec_path.read_text())
     if spec.get("format") != FORMAT or spec.get("kind") != "priorguide-sampler":
         raise ValueError(f"{spec_path}: expected format {FORMAT} of kind 'priorguide-sampler', received format "

@@ -42,19 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_model(path: Path) -> Path:
-    """sampler.json of a model folder (highest numeric version), a version folder, or the file itself."""
-    if path.is_file():
-        return path
-    if (path / "sampler.json").is_file():
-        return path / "sampler.json"
-    versions = sorted((int(p.name) for p in path.glob("*") if p.is_dir() and p.name.isdigit()), reverse=True)
-    for v in versions:
-        if (path / str(v) / "sampler.json").is_file():
-            return path / str(v) / "sampler.json"
-    raise FileNotFoundError(f"model: expected a sampler.json in {str(path)!r} or its version folders, found none")
-
-
 def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
@@ -67,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        artifact = load_artifact(resolve_model(args.model))
+        artifact = load_artifact(args.model)
         dim = artifact.spec["dim"]
         spec = args.prior_file.read_text() if args.prior_file else args.prior
         prior = None if spec is None else prior_from_spec(spec, dim=dim)

@@ -39,7 +39,7 @@ class SamplerTrainConfig(Config):
     simulations: int = field(10_000, "simulated (θ, x) pairs from the training prior")
     steps: int = field(20_000, "optimizer steps")
     batch_size: int = field(512, "pairs per step (each with a fresh noise level)")
-    lr: float = field(2e-3, "peak AdamW learning rate (cosine to 1% of it)")
+    lr: float = field(2e-3, "peak AdamW learning rate (cosine to a hundredth of it)")
     weight_decay: float = field(1e-5, "AdamW weight decay")
     ema: float = field(0.999, "decay of the weight average that is saved")
     held_out: float = field(0.05, "fraction of the pairs kept for the held-out loss")
