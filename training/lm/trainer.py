@@ -41,14 +41,16 @@ class LMResult:
 def optimizer_kwargs(model_config: LMModelConfig, train_config: LMTrainConfig) -> dict[str, Any]:
     """Keyword arguments for ``build_optimizer``: weight decay, LM defaults, then ``optimizer_args``.
 
-    Alice's rank follows the paper's 60M ratio (r = 128, l = 40 at width 512): r = hidden_size / 4 and
-    l = 40/128 r. Its default r = 256 would cover every matrix of a tiny model in full (no compression, twice
-    Adam's memory).
+    Alice follows the paper's 60M run (Table 11: r = 128, l = 40 at width 512; subspace update every K = 200 of
+    10,000 steps): r = hidden_size / 4, l = 40/128 r and K = 2 % of the run's steps. Its defaults r = 256 and
+    K = 200 would cover every matrix of a tiny model in full (no compression, twice Adam's memory) and update the
+    subspace only 4 times in a 900-step run.
     """
     kwargs: dict[str, Any] = {"weight_decay": train_config.weight_decay}
     if train_config.optimizer == "alice":
         rank = train_config.optimizer_args.get("rank", max(1, model_config.hidden_size // 4))
-        kwargs.update(rank=rank, leading=max(1, rank * 40 // 128))  # leading follows a user's rank too
+        kwargs.update(rank=rank, leading=max(1, rank * 40 // 128),  # leading follows a user's rank too
+                      update_interval=max(1, round(train_config.steps * 200 / 10_000)))
     return {**kwargs, **train_config.optimizer_args}
 
 

@@ -58,7 +58,8 @@ def test_optimizer_args_reach_the_optimizer(tmp_path, capsys: pytest.CaptureFixt
     assert main([*TINY_RUN, "--optimizer", "alice", "--optimizer-args", '{"rank": 4, "alpha_c": 0.0}',
                  "--out", str(tmp_path / "a")]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["optimizer_kwargs"] == {"weight_decay": 0.0, "rank": 4, "leading": 1, "alpha_c": 0.0}
+    assert printed["optimizer_kwargs"] == {"weight_decay": 0.0, "rank": 4, "leading": 1, "alpha_c": 0.0,
+                                           "update_interval": 1}
     assert printed["lr"] == 0.02
     saved = json.loads((tmp_path / "a" / "config.json").read_text())["train"]
     assert saved["optimizer_args"] == {"rank": 4, "alpha_c": 0.0} and saved["lr"] is None

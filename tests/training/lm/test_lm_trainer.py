@@ -114,9 +114,12 @@ def test_every_full_model_optimizer_trains_the_lm(name: str, corpus) -> None:
 
 def test_optimizer_kwargs_scale_alice_to_the_model_and_user_args_win() -> None:
     alice = LMTrainConfig(optimizer="alice")
-    assert optimizer_kwargs(MICRO, alice) == {"weight_decay": 0.0, "rank": 16, "leading": 5}
-    tuned = alice.replace(optimizer_args={"rank": 8, "alpha_c": 0.0})
-    assert optimizer_kwargs(MICRO, tuned) == {"weight_decay": 0.0, "rank": 8, "leading": 2, "alpha_c": 0.0}
+    assert optimizer_kwargs(MICRO, alice) == {"weight_decay": 0.0, "rank": 16, "leading": 5, "update_interval": 20}
+    assert optimizer_kwargs(MICRO, alice.replace(steps=900))["update_interval"] == 18  # 2 % of the run (paper: 200/10K)
+    assert optimizer_kwargs(MICRO, alice.replace(steps=10))["update_interval"] == 1
+    tuned = alice.replace(optimizer_args={"rank": 8, "alpha_c": 0.0, "update_interval": 7})
+    assert optimizer_kwargs(MICRO, tuned) == {"weight_decay": 0.0, "rank": 8, "leading": 2, "alpha_c": 0.0,
+                                              "update_interval": 7}
     assert optimizer_kwargs(MICRO, LMTrainConfig(optimizer="racs", weight_decay=0.1)) == {"weight_decay": 0.1}
     with pytest.raises(ConfigError, match=r"LMTrainConfig\.optimizer_args: expected a JSON object, received 'rank=8'"):
         LMTrainConfig(optimizer_args="rank=8")
