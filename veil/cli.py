@@ -1,8 +1,7 @@
 """The one `veil` command: `veil <group> <verb> [options]`.
 
 Verbs are modules with ``build_parser()`` and ``main(argv) -> int``; they are imported only when run, so
-`veil --help` stays fast and a client install never imports torch. Groups whose issue has not landed yet
-say so and exit with status 2.
+`veil --help` stays fast and a client install never imports torch.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from veil import __version__
 # group -> (what it is for, {verb: module}, example)
 GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
     "train": ("train models from scratch", {"uldnet": "veil.training.uldnet.cli", "lm": "veil.training.lm.cli",
-                                            "rl": "veil.training.rl.cli"},
+                                            "rl": "veil.training.rl.cli", "codec": "veil.training.codec.cli",
+                                            "sampler": "veil.training.priorguide.cli"},
               "veil train uldnet --preset digits --arch cnn --out runs/polycnn"),
     "finetune": ("adapter fine-tuning: LoRA, PSOFT, mtLoRA, E2LoRA, LoRA-Mixer, VAPT", {"": "veil.training.adapters.cli"},
                  "veil finetune --method lora --model bundled:all-MiniLM-L6-v2 --task sentiment --out runs/lora"),
@@ -24,14 +24,18 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
                  "veil compress MODEL --recipe recipe.yaml --calibration DATA --out DIR"),
     "export": ("checkpoint -> ONNX in a Triton-layout model repository", {"onnx": "veil.export.cli", "he": "veil.export.he_cli",
                                                                              "adapters": "veil.export.adapters_cli",
-                                                                             "finetuned": "veil.export.finetuned_cli"},
+                                                                             "finetuned": "veil.export.finetuned_cli",
+                                                                             "codec": "veil.export.codec_cli",
+                                                                             "sampler": "veil.export.sampler_cli"},
                "veil export onnx runs/polycnn --repo models --name digits"),
     "serve": ("serve a model repository over the Open Inference Protocol v2", {"": "veil.engine.cli"},
               "veil serve --repo models/ --port 8000"),
     "he": ("encrypted inference client: keygen, encrypt, infer, decrypt", {"": "veil.he.cli"},
            "veil he keygen --server http://127.0.0.1:8000 --model digits-he --keyring keys/digits.keyring"),
-    "codec": ("ARPC image codec: encode, decode, eval, bench", {}, "veil codec encode image.png -o image.arpc"),
-    "sample": ("PriorGuide posterior sampling", {}, "veil sample --model runs/priorguide --observation x.npy"),
+    "codec": ("ARPC image codec: encode, decode, truncate, eval, bench, plot", {"": "veil.codec.cli"},
+              "veil codec encode photo.png -o photo.vc --model runs/codec --target-bpp 0.02"),
+    "sample": ("PriorGuide posterior sampling with a prior chosen at sampling time", {"": "veil.posterior.cli"},
+               "veil sample models/gl5 --x 0.1 0.2 --prior '{\"family\": \"gaussian\", \"mean\": [0, 0], \"std\": 0.3}'"),
 }
 
 USAGE = f"""usage: veil <group> <verb> [options]      (veil <group> --help lists the verbs)
@@ -55,10 +59,7 @@ example:
 def group_help(name: str) -> str:
     desc, verbs, example = GROUPS[name]
     lines = [f"usage: veil {name} <verb> [options]", "", f"veil {name}: {desc}", ""]
-    if verbs:
-        lines += ["verbs:"] + [f"  {verb:<9} (veil {name} {verb} --help)" for verb in verbs]
-    else:
-        lines += ["verbs: none yet (this group arrives with its issue)"]
+    lines += ["verbs:"] + [f"  {verb:<9} (veil {name} {verb} --help)" for verb in verbs]
     return "\n".join([*lines, "", "example:", f"  {example}", ""])
 
 
@@ -85,19 +86,21 @@ def main(argv: list[str] | None = None) -> int:
         print(group_help(group))
         return 0 if rest else 2
     if rest[0] not in verbs:
-        expected = sorted(verbs) if verbs else "none yet (this group arrives with its issue)"
-        print(f"veil {group}: unknown verb {rest[0]!r}; expected {expected}", file=sys.stderr)
+        print(f"veil {group}: unknown verb {rest[0]!r}; expected {sorted(verbs)}", file=sys.stderr)
         return 2
     return run_verb(f"veil {group} {rest[0]}", lambda: importlib.import_module(verbs[rest[0]]).main(rest[1:]))
 
 
 def run_verb(name: str, call) -> int:
-    """Run a verb; bad input (ValueError, missing file) becomes one line on stderr and exit status 2.
+    """Run a verb; bad input (ValueError, missing file) becomes one line on stderr and exit status 2, and
+    argparse's exits (``--help``: 0, a usage error: 2) become the returned status.
 
     Set VEIL_DEBUG=1 to see the traceback instead.
     """
     try:
         return call()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except (ValueError, FileNotFoundError) as exc:
         if os.environ.get("VEIL_DEBUG"):
             raise
