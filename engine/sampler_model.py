@@ -8,7 +8,8 @@ Request:
                      ``kernel``, ``jacobian``, ``pilot``, ``eta``, ``rho``, ``ratio``, ``k``, ``fit_covariance``,
                      ``fit_steps``, ``restarts`` (defaults from the artifact's sampler.json).
 Response: ``samples`` FP32 [num_samples, d] and ``diagnostics`` BYTES [1], a JSON object (seed, NFE, ratio
-method and fit error, OOD fraction, SIR ESS and Pareto k̂ of the unguided pilot, seconds).
+method and fit error, OOD fraction, SIR ESS and Pareto k̂ of the unguided pilot, seconds); a predictive model
+(trained on the joint (θ, x*)) adds ``predictive`` FP32 [num_samples, d_x*], the x* drawn with each θ.
 
 Prior spec: ``{"family": "gaussian", "mean": [...], "std"|"var": [...] | "cov": [[...]]}``,
 ``{"family": "uniform", "low": [...], "high": [...]}`` or ``{"family": "mixture", "weights": [...],
@@ -30,7 +31,7 @@ import torch
 from veil.posterior.artifact import SamplerArtifact, load_artifact
 from veil.posterior.priors import PriorSpecError, prior_from_spec
 from veil.posterior.ratio import RatioError
-from veil.posterior.sampler import SamplerSettings
+from veil.posterior.sampler import SamplerSettings, Samples
 
 from veil.config import ConfigError
 
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from .dataplane import DataPlane
 
 logger = logging.getLogger("veil.engine")
-X, PRIOR, SAMPLES, DIAGNOSTICS = "x", "prior", "samples", "diagnostics"
+X, PRIOR, SAMPLES, DIAGNOSTICS, PREDICTIVE = "x", "prior", "samples", "diagnostics", "predictive"
 SETTINGS = ("num_samples", "seed", "steps", "langevin_steps", "nfe_budget", "kernel", "jacobian", "pilot", "eta",
             "rho", "ratio", "k", "fit_covariance", "fit_steps", "restarts")
 PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
@@ -90,10 +91,12 @@ class SamplerModel:
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path}: {exc}") from None
         spec = self.artifact.spec
-        self.dim, self.x_dim = spec["dim"], spec["x_dim"]
+        self.dim, self.x_dim, self.extra = spec["theta_dim"], spec["x_dim"], spec["dim"] - spec["theta_dim"]
         self.inputs = {X: TensorConfig(X, "FP32", [self.x_dim]), PRIOR: TensorConfig(PRIOR, "BYTES", [1])}
         self.outputs = {SAMPLES: TensorConfig(SAMPLES, "FP32", [-1, self.dim]),
                         DIAGNOSTICS: TensorConfig(DIAGNOSTICS, "BYTES", [1])}
+        if self.extra:
+            self.outputs[PREDICTIVE] = TensorConfig(PREDICTIVE, "FP32", [-1, self.extra])
         self.metrics = metrics.for_model(self.name, self.version, "veil_sampler", "veil_sampler")
         self.ready = True
         logger.info("sampler '%s' version %s ready (θ %d-d, x %d-d)", self.name, self.version, self.dim, self.x_dim)
@@ -141,10 +144,14 @@ class SamplerModel:
 
     async def infer(self, feeds: dict[str, Any], batch: int) -> tuple[dict[str, np.ndarray], int]:
         """Run the sampler in a worker thread (one request at a time per model: the sampler is CPU-bound)."""
-        theta, diagnostics = await asyncio.to_thread(self._sample, feeds)
-        return {SAMPLES: theta, DIAGNOSTICS: np.array([json.dumps(diagnostics).encode()], dtype=object)}, 0
+        out = await asyncio.to_thread(self._sample, feeds)
+        outputs = {SAMPLES: out.theta.numpy().astype(np.float32),
+                   DIAGNOSTICS: np.array([json.dumps(out.diagnostics).encode()], dtype=object)}
+        if out.predictive is not None:
+            outputs[PREDICTIVE] = out.predictive.numpy().astype(np.float32)
+        return outputs, 0
 
-    def _sample(self, feeds: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+    def _sample(self, feeds: dict[str, Any]) -> Samples:
         settings: SamplerSettings = feeds["settings"]
         with self._lock:
             try:
@@ -152,7 +159,7 @@ class SamplerModel:
                                                      settings=settings)
             except RatioError as exc:
                 raise InvalidSamplerRequest(str(exc)) from None
-        return out.theta.numpy().astype(np.float32), out.diagnostics
+        return out
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """OIP metadata plus the sampler's dims, training prior, N_train, schedule and default settings."""
@@ -160,9 +167,8 @@ class SamplerModel:
         return {"name": self.name, "versions": versions, "platform": "veil_sampler",
                 "inputs": [{"name": X, "datatype": "FP32", "shape": [self.x_dim]},
                            {"name": PRIOR, "datatype": "BYTES", "shape": [1], "optional": True}],
-                "outputs": [{"name": SAMPLES, "datatype": "FP32", "shape": [-1, self.dim]},
-                            {"name": DIAGNOSTICS, "datatype": "BYTES", "shape": [1]}],
-                "parameters": {"sampler": {k: spec[k] for k in ("dim", "x_dim", "sde", "train_prior",
+                "outputs": [{"name": t.name, "datatype": t.datatype, "shape": t.dims} for t in self.outputs.values()],
+                "parameters": {"sampler": {k: spec[k] for k in ("dim", "theta_dim", "x_dim", "sde", "train_prior",
                                                                  "train_prior_hash", "n_train", "defaults",
                                                                  "max_samples", "task")},
                                "veil": self.manifest}}

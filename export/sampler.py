@@ -1,6 +1,7 @@
 """Export a PriorGuide sampler checkpoint into the model repository: a ``torch.export`` score program.
 
     <repo>/<name>/config.pbtxt      backend "veil_sampler": FP32 x, optional BYTES prior -> FP32 samples, BYTES diagnostics
+    (a predictive model, trained on the joint (θ, x*), adds the FP32 output predictive: x* draws)
     <repo>/<name>/1/sampler.json    dims, VE schedule, training prior (spec + hash), N_train, sampling defaults
     <repo>/<name>/1/score.pt2       the score network (``torch.export``; the guidance differentiates through it)
     <repo>/<name>/veil.json         kind "priorguide-sampler", source checkpoint hash, validation report
@@ -36,10 +37,12 @@ input [
 ]
 output [
   {{ name: "samples" data_type: TYPE_FP32 dims: [ -1, {dim} ] }},
-  {{ name: "diagnostics" data_type: TYPE_STRING dims: [ 1 ] }}
+  {{ name: "diagnostics" data_type: TYPE_STRING dims: [ 1 ] }}{predictive}
 ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
+PREDICTIVE = """,
+  {{ name: "predictive" data_type: TYPE_FP32 dims: [ -1, {extra} ] }}"""  # a joint (θ, x*) model's x* draws
 TOLERANCE = 1e-4  # max |program − eager| relative to the largest |eager| value, outputs and gradients
 
 
@@ -87,7 +90,7 @@ def export_sampler(checkpoint: str | Path, repo: str | Path, name: str, version:
     program = export_program(model)
     report = validate_program(model, program.module())
     spec = {"format": FORMAT, "kind": "priorguide-sampler", "program": PROGRAM_FILE, "dim": cfg.dim,
-            "x_dim": cfg.x_dim, "sde": {"type": "ve", "sigma_min": cfg.sigma_min, "sigma_max": cfg.sigma_max},
+            "theta_dim": prior.dim, "x_dim": cfg.x_dim, "sde": {"type": "ve", "sigma_min": cfg.sigma_min, "sigma_max": cfg.sigma_max},
             "train_prior": prior.to_spec(), "train_prior_hash": prior.hash(),
             "n_train": config["train"]["simulations"], "task": config.get("task", {}),
             "defaults": (defaults or SamplerSettings()).to_dict(), "max_samples": MAX_SAMPLES}
@@ -100,5 +103,7 @@ def export_sampler(checkpoint: str | Path, repo: str | Path, name: str, version:
                 "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
                 "export": {"format": "torch.export", "torch": torch.__version__, "validation": report}}
     write_atomic(model_dir / "veil.json", json.dumps(manifest, indent=2, sort_keys=True))
-    write_atomic(model_dir / "config.pbtxt", CONFIG.format(name=name, dim=cfg.dim, x_dim=cfg.x_dim))
+    predictive = PREDICTIVE.format(extra=cfg.dim - prior.dim) if cfg.dim > prior.dim else ""
+    write_atomic(model_dir / "config.pbtxt", CONFIG.format(name=name, dim=prior.dim, x_dim=cfg.x_dim,
+                                                           predictive=predictive))
     return manifest

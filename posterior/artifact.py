@@ -1,6 +1,6 @@
 """The exported sampler artifact (a model-repository version folder), loaded without any training code.
 
-    <version>/sampler.json   format, dims, VE schedule, training prior spec and hash, N_train, defaults
+    <version>/sampler.json   format, dims (θ's, x's, and the score's: larger for a predictive model), VE schedule, training prior spec and hash, N_train, defaults
     <version>/score.pt2      the score network as a ``torch.export`` program (gradients flow through it)
 
 ``load_artifact`` is what the engine's sampler service and ``veil sample`` use: the same
@@ -64,7 +64,8 @@ def load_artifact(path: str | Path) -> SamplerArtifact:
     program = torch.export.load(str(program_path)).module()
     for p in program.parameters():
         p.requires_grad_(False)
-    train_prior = prior_from_spec(spec["train_prior"], dim=spec["dim"], where="sampler.json train_prior")
+    spec.setdefault("theta_dim", spec["dim"])  # dim > theta_dim: a predictive model of the joint (θ, x*)
+    train_prior = prior_from_spec(spec["train_prior"], dim=spec["theta_dim"], where="sampler.json train_prior")
     sde = spec["sde"]
     if sde.get("type") != "ve":
         raise ValueError(f"{spec_path}: sde.type expected 've', received {sde.get('type')!r}")

@@ -8,7 +8,8 @@ Examples:
 
 MODEL is a model folder of a repository (its highest version is used), a version folder or a sampler.json.
 Without a prior the draws are from the training posterior (unguided). The diagnostics and a summary (mean and
-standard deviation per dimension) go to stdout as JSON; the draws go to ``--out`` (.npy or .csv).
+standard deviation per dimension) go to stdout as JSON; the draws go to ``--out`` (.npy or .csv), one row per
+draw: θ, then x* for a predictive model.
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     try:
         artifact = load_artifact(args.model)
-        dim = artifact.spec["dim"]
+        dim = artifact.train_prior.dim
         spec = args.prior_file.read_text() if args.prior_file else args.prior
         prior = None if spec is None else prior_from_spec(spec, dim=dim)
         settings = SamplerSettings.from_args(args, base=artifact.defaults.to_dict())
         out = artifact.posterior.sample(x=torch.tensor(args.x), prior=prior, settings=settings)
     except (FileNotFoundError, PriorSpecError, ValueError) as exc:
         parser.exit(2, f"veil sample: error: {exc}\n")
-    theta = out.theta.numpy()
+    theta = out.theta.numpy() if out.predictive is None else torch.cat([out.theta, out.predictive], 1).numpy()
     if args.out is not None:
         buffer = io.BytesIO()
         if args.out.suffix == ".csv":

@@ -91,22 +91,28 @@ class SamplerSettings(Config):
 
 @dataclass
 class Samples:
-    """Posterior draws θ [n, d] (float64) and the diagnostics of the call that made them."""
+    """Posterior draws θ [n, d] (float64), the diagnostics of the call that made them and, for a predictive
+    (joint) model, the posterior-predictive draws x* [n, d_x*] that go with each θ (else None)."""
 
     theta: torch.Tensor
     diagnostics: dict[str, Any]
+    predictive: torch.Tensor | None = None
 
 
 class _Guidance:
-    """∇ log Σ_k w_k N(μ_k | μ0|t(θ_t), Σ_k + Σ0|t) at one noise level, Σ0|t from the kernel covariance C."""
+    """∇ log Σ_k w_k N(μ_k | μ0|t(θ_t), Σ_k + Σ0|t) at one noise level, Σ0|t from the kernel covariance C.
+
+    For a joint (predictive) model C covers all of ξ = (θ, x*) and the θθ block of Σ0|t is used: the ratio
+    depends on θ only (Eq. 17)."""
 
     def __init__(self, ratio: GaussianMixtureRatio, kernel_eig: tuple[torch.Tensor, torch.Tensor]) -> None:
         self.ratio, (self.lam, self.vec) = ratio, kernel_eig
+        self.d = ratio.means.shape[-1]
 
     def sigma0(self, sigma: float) -> torch.Tensor:
-        """Σ0|t = (C⁻¹ + σ⁻²I)⁻¹ = V diag(λσ²/(λ+σ²)) Vᵀ  [d, d]."""
+        """Σ0|t = (C⁻¹ + σ⁻²I)⁻¹ = V diag(λσ²/(λ+σ²)) Vᵀ, its θθ block [d, d]."""
         s2 = sigma**2
-        return (self.vec * (self.lam * s2 / (self.lam + s2))) @ self.vec.T
+        return ((self.vec * (self.lam * s2 / (self.lam + s2))) @ self.vec.T)[:self.d, :self.d]
 
     def log_expected_ratio(self, mu0: torch.Tensor, sigma: float) -> torch.Tensor:
         """log Σ_k w_k N(μ_k; μ0 [n, d], Σ̃_k) -> [n] (the log of E_{N(μ0, Σ0|t)}[r̂])."""
@@ -122,17 +128,22 @@ class _Guidance:
 class PriorGuidePosterior:
     """An amortized diffusion posterior p(θ | x) whose prior can be swapped at sampling time (PriorGuide).
 
+    A *predictive* model is a score over the joint ξ = (θ, x*) given x (``score.dim`` > the prior's
+    dimension): the ratio guides its θ part, the Jacobian carries the guidance into x*, and the draws of x* come
+    back as ``Samples.predictive`` (PriorGuide's posterior-predictive mode, Eq. 17).
+
     Args:
         score: the score s(θ_t, σ, x) of the training posterior (analytic or a trained network).
-        train_prior: p_train, the prior the score was trained under.
+        train_prior: p_train, the prior the score was trained under (over θ, the first coordinates).
         n_train: simulations the score was trained on (sets the OOD level α = 10/N_train).
         schedule: the VE noise schedule the score was trained with.
     """
 
     def __init__(self, score: ScoreFunction, train_prior: Prior, n_train: int = 10_000,
                  schedule: VESchedule | None = None) -> None:
-        if train_prior.dim != score.dim:
-            raise ValueError(f"train_prior: expected dimension {score.dim} (the score's θ), received {train_prior.dim}")
+        if not 1 <= train_prior.dim <= score.dim:
+            raise ValueError(f"train_prior: expected dimension {score.dim} (the score's θ) or fewer (a predictive "
+                             f"model's θ part), received {train_prior.dim}")
         self.score, self.train_prior, self.n_train = score, train_prior, n_train
         self.schedule = schedule or VESchedule()
 
@@ -175,20 +186,22 @@ class PriorGuidePosterior:
         if guided and settings.pilot > 0:
             pilot = self._run(x, settings.pilot, steps, 0, settings, None, settings.seed + 1)
             diag["pilot"] = {"draws": settings.pilot, "nfe": steps}
-            diag["sir"] = sir_report(pilot, self.train_prior, prior)  # type: ignore[arg-type]
+            diag["sir"] = sir_report(pilot[:, :self.train_prior.dim], self.train_prior, prior)  # type: ignore[arg-type]
         guidance = _Guidance(ratio, torch.linalg.eigh(self._kernel_cov(settings, pilot, kernel_cov))) if guided else None
         diag["kernel"] = "given" if kernel_cov is not None else settings.kernel
-        theta = self._run(x, settings.num_samples, steps, lang, settings, guidance, settings.seed)
+        xi = self._run(x, settings.num_samples, steps, lang, settings, guidance, settings.seed)
+        d = self.train_prior.dim
+        theta, predictive = xi[:, :d], (xi[:, d:] if xi.shape[1] > d else None)
         if prior is not None:
             diag["ood"] = ood_fraction(self.train_prior, prior, self.n_train, seed=settings.seed + 2)
         diag["vjp"] = diag["nfe"] if guided and settings.jacobian == "vjp" else 0
         diag["seconds"] = round(time.perf_counter() - start, 4)
-        return Samples(theta, diag)
+        return Samples(theta, diag, predictive)
 
     def _kernel_cov(self, settings: SamplerSettings, pilot: torch.Tensor | None,
                     given: torch.Tensor | None) -> torch.Tensor:
-        """C of Σ0|t [d, d]: given, identity (paper), or from the pilot draws (scalar, diag, full)."""
-        d = self.train_prior.dim
+        """C of Σ0|t [D, D] over all the score's coordinates: given, identity (paper), or from the pilot draws."""
+        d = self.score.dim
         if given is not None:
             return torch.as_tensor(given, dtype=DTYPE)
         if settings.kernel == "paper" or pilot is None:
@@ -203,9 +216,11 @@ class PriorGuidePosterior:
         """One reverse run of ``n`` draws: predictor steps, each followed by ``lang`` Langevin steps."""
         gen = torch.Generator().manual_seed(seed)
         sigmas = self.schedule.sigmas(steps, settings.rho)  # [N+1]
-        spread = self.train_prior.covariance().diagonal()  # the VE marginal at σ_max: N(mean, σ_max² + var)
-        theta = self.train_prior.mean() + torch.randn(n, self.score.dim, generator=gen, dtype=DTYPE) * torch.sqrt(
-            sigmas[0] ** 2 + spread)
+        # the VE marginal at σ_max: N(mean, σ_max² + var) for θ; x* of a predictive model starts at N(0, σ_max²)
+        extra = torch.zeros(self.score.dim - self.train_prior.dim, dtype=DTYPE)
+        mean = torch.cat([self.train_prior.mean(), extra])
+        spread = torch.cat([self.train_prior.covariance().diagonal(), extra])
+        theta = mean + torch.randn(n, self.score.dim, generator=gen, dtype=DTYPE) * torch.sqrt(sigmas[0] ** 2 + spread)
         for j in range(steps):
             hi, lo = float(sigmas[j]), float(sigmas[j + 1])
             delta = hi**2 - lo**2
@@ -230,6 +245,6 @@ class PriorGuidePosterior:
             mu0 = leaf + sigma**2 * s  # Tweedie, [n, d]
             if jacobian == "identity":
                 mu0 = mu0.detach().requires_grad_(True)
-            log_e = guidance.log_expected_ratio(mu0, sigma)  # [n]
+            log_e = guidance.log_expected_ratio(mu0[:, :guidance.d], sigma)  # [n]; r depends on θ only
             (grad,) = torch.autograd.grad(log_e.sum(), leaf if jacobian == "vjp" else mu0)
         return (s + grad).detach()

@@ -52,20 +52,31 @@ def gaussian_linear_posterior(prior: Gaussian, noise_cov: torch.Tensor, x: torch
     return Gaussian(mean, cov)
 
 
+def predictive_joint(post: Gaussian, noise_cov: torch.Tensor) -> Gaussian:
+    """(θ, x*) | x for x* | θ ~ N(θ, Σ_x) and θ | x ~ N(m, S): N([m; m], [[S, S], [S, S + Σ_x]])."""
+    cov = torch.cat([torch.cat([post.cov, post.cov], 1), torch.cat([post.cov, post.cov + noise_cov], 1)], 0)
+    return Gaussian(torch.cat([post.loc, post.loc]), cov)
+
+
 class GaussianLinearScore:
     """The exact score of the Gaussian-linear model under the VE SDE: −(S + σ²I)⁻¹(θ_t − m(x)).
 
     Args:
         prior: the training prior N(μ_p, Σ_p).
         noise_cov: Σ_x of x | θ ~ N(θ, Σ_x).
+        predictive: score the joint ξ = (θ, x*) of a fresh observation x* | θ instead (posterior predictive).
     """
 
-    def __init__(self, prior: Gaussian, noise_cov: torch.Tensor) -> None:
+    def __init__(self, prior: Gaussian, noise_cov: torch.Tensor, predictive: bool = False) -> None:
         self.prior, self.noise_cov = prior, torch.as_tensor(noise_cov, dtype=DTYPE)
-        self.dim = self.x_dim = prior.dim
+        self.predictive = predictive
+        self.x_dim = prior.dim
+        self.dim = 2 * prior.dim if predictive else prior.dim
 
     def posterior(self, x: torch.Tensor) -> Gaussian:
-        return gaussian_linear_posterior(self.prior, self.noise_cov, x)
+        """p(θ | x), or p(θ, x* | x) for the predictive score."""
+        post = gaussian_linear_posterior(self.prior, self.noise_cov, x)
+        return predictive_joint(post, self.noise_cov) if self.predictive else post
 
     def __call__(self, theta: torch.Tensor, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         post = self.posterior(x)

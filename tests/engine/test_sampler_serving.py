@@ -23,6 +23,11 @@ def client(tmp_path_factory, oip):
     root = tmp_path_factory.mktemp("sampler")
     save_sampler(result, root / "ck", {"name": task.name, "dim": 2})
     export_sampler(root / "ck", root / "repo", "gl2")
+    xi, x = task.simulate_predictive(1000, seed=0)
+    joint = train_score(xi, x, task.prior, ScoreNetConfig(dim=4, x_dim=2, hidden=16),
+                        SamplerTrainConfig(simulations=1000, steps=50, batch_size=128), progress=False)
+    save_sampler(joint, root / "joint", {"name": task.name, "dim": 2, "predictive": True})
+    export_sampler(root / "joint", root / "repo", "gl2-pred")
     with TestClient(create_app(oip.make_config(root / "repo"))) as c:
         yield c
 
@@ -69,6 +74,16 @@ def test_binary_request_and_response(client, oip) -> None:
     r = client.post("/v2/models/gl2/infer", content=body, headers=headers)
     assert r.status_code == 200, r.text
     assert oip.decode(r)["samples"].shape == (20, 2)
+
+
+def test_predictive_model_returns_x_star_draws(client) -> None:
+    r = client.post("/v2/models/gl2-pred/infer", json={"inputs": [X], "parameters": {"prior": STRONG,
+                                                                                     "num_samples": 40, **FAST}})
+    assert r.status_code == 200, r.text
+    out = outputs(r)
+    assert out["samples"]["shape"] == [40, 2] and out["predictive"]["shape"] == [40, 2]
+    meta = client.get("/v2/models/gl2-pred").json()
+    assert meta["parameters"]["sampler"]["theta_dim"] == 2 and meta["parameters"]["sampler"]["dim"] == 4
 
 
 def test_metadata(client) -> None:

@@ -79,3 +79,18 @@ def test_export_cli_and_refusals(checkpoint, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--help"])
     assert info.value.code == 0 and "veil export sampler runs/" in capsys.readouterr().out
+
+
+def test_predictive_model_exports_and_serves_x_star(tmp_path) -> None:
+    from veil.training.priorguide.cli import main as train_main
+
+    assert train_main(["--task", "gaussian_linear", "--dim", "2", "--predictive", "--steps", "30",
+                       "--simulations", "500", "--hidden", "16", "--out", str(tmp_path / "ck"), "--no-progress"]) == 0
+    export_sampler(tmp_path / "ck", tmp_path / "repo", "pred")
+    config = parse((tmp_path / "repo" / "pred" / "config.pbtxt").read_text())
+    assert [o["name"] for o in config["output"]] == ["samples", "diagnostics", "predictive"]
+    artifact = load_artifact(tmp_path / "repo" / "pred")
+    assert artifact.spec["dim"] == 4 and artifact.spec["theta_dim"] == 2
+    out = artifact.posterior.sample((30,), x=torch.zeros(2), prior=Gaussian.diag([0.1, 0.0], [0.1, 0.1]), steps=5,
+                                    langevin_steps=1, pilot=20)
+    assert out.theta.shape == (30, 2) and out.predictive.shape == (30, 2)

@@ -175,3 +175,24 @@ def test_settings_budget_seeds_and_diagnostics() -> None:
     assert capped.diagnostics["nfe"] == 100
     tiny = SamplerSettings(nfe_budget=10).budgeted()
     assert tiny == (10, 0)
+
+
+def test_posterior_predictive_mode_on_the_joint_matches_the_analytic_predictive() -> None:
+    """Eq. 17: guidance by r(θ) on the joint (θ, x*) gives θ ~ q(θ | x) and x* ~ p(x* | θ)."""
+    from veil.posterior.score import predictive_joint
+
+    d = 2
+    train, noise, _, strong, x = setup(d, seed=8)
+    joint_score = GaussianLinearScore(train, noise, predictive=True)
+    target = predictive_joint(gaussian_linear_posterior(strong, noise, x), noise)
+    post = PriorGuidePosterior(joint_score, train)
+    out = post.sample((4000,), x=x, prior=strong, steps=300, langevin_steps=0, pilot=0, kernel="paper",
+                      kernel_cov=joint_score.posterior(x).cov, seed=2)
+    xi = torch.cat([out.theta, out.predictive], 1)
+    assert out.theta.shape == (4000, d) and out.predictive.shape == (4000, d)
+    se = (target.cov.diagonal() / 4000).sqrt()
+    assert bool(((xi.mean(0) - target.loc).abs() < 4 * se).all())
+    assert float(torch.linalg.norm(torch.cov(xi.T) - target.cov) / torch.linalg.norm(target.cov)) < 0.1
+    assert c2st(target.sample(2000, torch.Generator().manual_seed(1)), xi[:2000], trees=50) <= 0.55
+    default = post.sample((1000,), x=x, prior=strong, seed=2)  # pilot kernel over the joint, N = 25, N_L = 8
+    assert gaussian_kl(torch.cat([default.theta, default.predictive], 1), target) < 0.05

@@ -46,6 +46,14 @@ class Task:
         theta = self.prior.sample(n, gen)
         return theta, self.simulate_checked(theta, gen)
 
+    def simulate_predictive(self, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ξ = (θ, x*) [n, d + d_x], x [n, d_x]): two independent simulations per θ, for a posterior-predictive
+        (joint) model of p(θ, x* | x)."""
+        gen = torch.Generator().manual_seed(seed)
+        theta = self.prior.sample(n, gen)
+        x = self.simulate_checked(theta, gen)
+        return torch.cat([theta, self.simulate_checked(theta, gen)], 1), x
+
     def simulate_checked(self, theta: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         """The simulator's output, checked once at the boundary: a finite [n, d_x] tensor."""
         x = torch.as_tensor(self.simulate(theta, gen), dtype=DTYPE)

@@ -76,7 +76,8 @@ def _noise(n: int, cfg: ScoreNetConfig, gen: torch.Generator) -> torch.Tensor:
 
 def train_score(theta: torch.Tensor, x: torch.Tensor, prior: Prior, model_config: ScoreNetConfig,
                 config: SamplerTrainConfig, progress: bool = True) -> TrainResult:
-    """Fit ``ScoreNet`` on pairs θ [N, d], x [N, d_x] drawn from ``prior`` and the simulator."""
+    """Fit ``ScoreNet`` on pairs θ [N, d], x [N, d_x] drawn from ``prior`` and the simulator (θ may be the joint
+    ξ = (θ, x*) of a predictive model, with ``prior`` over its first coordinates)."""
     if theta.shape[0] != x.shape[0] or theta.shape[1] != model_config.dim or x.shape[1] != model_config.x_dim:
         raise ValueError(f"pairs: expected θ [N, {model_config.dim}] and x [N, {model_config.x_dim}], received "
                          f"{tuple(theta.shape)} and {tuple(x.shape)}")
