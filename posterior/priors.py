@@ -179,6 +179,42 @@ def gaussian_components(prior: Prior) -> tuple[torch.Tensor, list[Gaussian]] | N
     return None
 
 
+def as_prior(value: Any, dim: int | None = None, where: str = "prior") -> Prior:
+    """Normalise a prior once, at the boundary: a :class:`Prior`, a JSON spec (dict or text), or a
+    ``torch.distributions`` object as sbi users write them (``MultivariateNormal``, ``Normal`` or
+    ``Independent(Normal)``, ``Uniform`` or ``Independent(Uniform)`` such as sbi's ``BoxUniform``, and
+    ``MixtureSameFamily`` of multivariate normals)."""
+    if isinstance(value, Prior):
+        prior = value
+    elif isinstance(value, (dict, str)):
+        prior = prior_from_spec(value, where=where)
+    elif isinstance(value, torch.distributions.Distribution):
+        prior = _from_torch(value, where)
+    else:
+        raise PriorSpecError(f"{where}: expected a Prior, a JSON spec or a torch distribution, received "
+                             f"{type(value).__name__}")
+    if dim is not None and prior.dim != dim:
+        raise PriorSpecError(f"{where}: expected dimension {dim} (the model's θ), received {prior.dim}")
+    return prior
+
+
+def _from_torch(dist: torch.distributions.Distribution, where: str) -> Prior:
+    D = torch.distributions
+    base = dist.base_dist if isinstance(dist, D.Independent) else dist
+    if isinstance(base, D.MultivariateNormal):
+        return Gaussian(base.loc.detach(), base.covariance_matrix.detach())
+    if isinstance(base, D.Normal):
+        return Gaussian.diag(base.loc.detach().reshape(-1), base.scale.detach().reshape(-1))
+    if isinstance(base, D.Uniform):
+        return Uniform(base.low.detach().reshape(-1), base.high.detach().reshape(-1))
+    if isinstance(dist, D.MixtureSameFamily) and isinstance(dist.component_distribution, D.MultivariateNormal):
+        comp = dist.component_distribution
+        parts = [Gaussian(m.detach(), c.detach()) for m, c in zip(comp.loc, comp.covariance_matrix, strict=True)]
+        return Mixture(dist.mixture_distribution.probs.detach(), parts)
+    raise PriorSpecError(f"{where}: expected a MultivariateNormal, Normal, Uniform, Independent of those or a "
+                         f"MixtureSameFamily of MultivariateNormal, received {type(dist).__name__}")
+
+
 # -- JSON spec -----------------------------------------------------------------------------------------------
 FAMILIES = ("gaussian", "uniform", "mixture")
 

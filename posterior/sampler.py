@@ -37,7 +37,7 @@ import torch
 from veil.config import Config, ConfigError, field
 
 from .diagnostics import ood_fraction, sir_report
-from .priors import DTYPE, Prior
+from .priors import DTYPE, Prior, as_prior
 from .ratio import FitSettings, GaussianMixtureRatio, identity_ratio, prior_ratio
 from .score import ScoreFunction, VESchedule
 
@@ -139,15 +139,16 @@ class PriorGuidePosterior:
         schedule: the VE noise schedule the score was trained with.
     """
 
-    def __init__(self, score: ScoreFunction, train_prior: Prior, n_train: int = 10_000,
+    def __init__(self, score: ScoreFunction, train_prior: Prior | Any, n_train: int = 10_000,
                  schedule: VESchedule | None = None) -> None:
+        train_prior = as_prior(train_prior, where="train_prior")
         if not 1 <= train_prior.dim <= score.dim:
             raise ValueError(f"train_prior: expected dimension {score.dim} (the score's θ) or fewer (a predictive "
                              f"model's θ part), received {train_prior.dim}")
         self.score, self.train_prior, self.n_train = score, train_prior, n_train
         self.schedule = schedule or VESchedule()
 
-    def sample(self, shape: tuple[int, ...] = (), x: torch.Tensor | None = None, prior: Prior | None = None,
+    def sample(self, shape: tuple[int, ...] = (), x: torch.Tensor | None = None, prior: Prior | Any | None = None,
                settings: SamplerSettings | None = None, kernel_cov: torch.Tensor | None = None,
                **overrides: Any) -> Samples:
         """Draws from q(θ | x) ∝ q(θ) p(x | θ), or from p_train(θ | x) when ``prior`` is None.
@@ -155,7 +156,8 @@ class PriorGuidePosterior:
         Args:
             shape: ``(n,)`` overrides ``settings.num_samples``.
             x: the observation [d_x].
-            prior: the test prior q (None: unguided sampling under the training prior).
+            prior: the test prior q as a :class:`Prior`, a JSON spec or a torch distribution (None: unguided
+                sampling under the training prior).
             settings: sampling settings; ``overrides`` replace single fields (e.g. ``steps=200``).
             kernel_cov: C of Σ0|t given explicitly (e.g. the exact posterior covariance), overriding ``kernel``.
 
@@ -170,8 +172,7 @@ class PriorGuidePosterior:
         x = torch.as_tensor(x, dtype=DTYPE).reshape(-1)
         if x.numel() != self.score.x_dim:
             raise ValueError(f"x: expected {self.score.x_dim} values, received {x.numel()}")
-        if prior is not None and prior.dim != self.train_prior.dim:
-            raise ValueError(f"prior: expected dimension {self.train_prior.dim} (the model's θ), received {prior.dim}")
+        prior = None if prior is None else as_prior(prior, dim=self.train_prior.dim)
         start = time.perf_counter()
         steps, lang = settings.budgeted()
         diag: dict[str, Any] = {"seed": settings.seed, "steps": steps, "langevin_steps": lang,

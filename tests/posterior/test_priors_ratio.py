@@ -85,3 +85,27 @@ def test_ratio_refuses_unrepresentable_priors() -> None:
         prior_ratio(Gaussian.diag([0, 0], [1, 1]), Mixture([1, 1], [box, Gaussian.diag([0, 0], [0.1, 0.1])]))
     with pytest.raises(RatioError, match="dimension 2"):
         prior_ratio(Gaussian.diag([0, 0], [1, 1]), Gaussian.diag([0], [1]))
+
+
+def test_torch_distributions_are_accepted_as_sbi_users_write_them() -> None:
+    from torch import distributions as D
+    from veil.posterior import GaussianLinearScore, PriorGuidePosterior
+    from veil.posterior.priors import as_prior
+
+    box = D.Independent(D.Uniform(torch.zeros(2), torch.ones(2)), 1)  # sbi's BoxUniform
+    assert as_prior(box) == Uniform([0, 0], [1, 1])
+    mvn = D.MultivariateNormal(torch.zeros(2), torch.tensor([[1.0, 0.2], [0.2, 1.0]]))
+    assert as_prior(mvn).to_spec()["cov"][0][1] == pytest.approx(0.2)
+    assert as_prior(D.Independent(D.Normal(torch.zeros(2), 0.5 * torch.ones(2)), 1)) == Gaussian.diag([0, 0], [0.5, 0.5])
+    mix = D.MixtureSameFamily(D.Categorical(torch.tensor([0.3, 0.7])),
+                              D.MultivariateNormal(torch.zeros(2, 2), torch.eye(2).expand(2, 2, 2)))
+    assert isinstance(as_prior(mix), Mixture)
+    with pytest.raises(PriorSpecError, match="received Gamma"):
+        as_prior(D.Gamma(torch.ones(2), torch.ones(2)))
+    train = D.MultivariateNormal(torch.zeros(2), 0.1 * torch.eye(2))
+    post = PriorGuidePosterior(GaussianLinearScore(as_prior(train), 0.1 * torch.eye(2)), train)
+    out = post.sample((50,), x=torch.zeros(2), prior=D.MultivariateNormal(torch.zeros(2), 0.01 * torch.eye(2)),
+                      steps=5, langevin_steps=0, pilot=10)
+    assert out.theta.shape == (50, 2) and out.diagnostics["ratio"]["method"] == "closed-form"
+    with pytest.raises(PriorSpecError, match="expected dimension 2"):
+        post.sample((5,), x=torch.zeros(2), prior={"family": "gaussian", "mean": [0], "std": 1})
