@@ -68,12 +68,11 @@ class SamplerSettings(Config):
     def validate(self) -> None:
         if not 1 <= self.num_samples <= MAX_SAMPLES:
             raise ConfigError(f"num_samples: expected 1..{MAX_SAMPLES}, received {self.num_samples}")
-        for name, low in (("steps", 1), ("langevin_steps", 0), ("nfe_budget", 0), ("pilot", 0), ("k", 1),
-                          ("fit_steps", 1), ("restarts", 1)):
-            if getattr(self, name) < low:
-                raise ConfigError(f"{name}: expected an integer >= {low}, received {getattr(self, name)}")
-        if self.pilot > MAX_SAMPLES:
-            raise ConfigError(f"pilot: expected 0..{MAX_SAMPLES}, received {self.pilot}")
+        # upper bounds keep one request from holding a server for hours
+        for name, low, high in (("steps", 1, 10_000), ("langevin_steps", 0, 1000), ("nfe_budget", 0, 10**6),
+                                ("pilot", 0, MAX_SAMPLES), ("k", 1, 64), ("fit_steps", 1, 20_000), ("restarts", 1, 10)):
+            if not low <= getattr(self, name) <= high:
+                raise ConfigError(f"{name}: expected an integer in [{low}, {high}], received {getattr(self, name)}")
         if not (self.eta > 0 and self.rho > 0):
             raise ConfigError(f"eta, rho: expected positive numbers, received eta={self.eta} rho={self.rho}")
         if self.kernel in ("scalar", "diag", "full") and self.pilot < 2:

@@ -99,6 +99,7 @@ def test_metadata(client) -> None:
     ([X], {"prior": {"family": "gaussian", "mean": [0, 0], "cov": [[1, 2], [2, 1]]}}, ["prior.cov", "positive"]),
     ([X], {"prior": STRONG, "num_samples": 10**7}, ["num_samples", "10000000"]),
     ([X], {"prior": STRONG, "kernel": "magic"}, ["kernel", "'magic'"]),
+    ([X], {"prior": STRONG, "steps": 10**6}, ["steps", "[1, 10000]", "1000000"]),
     ([X], {"temperature": 2}, ["unknown parameters", "temperature"]),
     ([{**X, "shape": [3], "data": [0, 0, 0]}], {}, ["input 'x'", "[2]", "[3]"]),
     ([{**X, "datatype": "FP64"}], {}, ["input 'x'", "FP32", "FP64"]),
