@@ -44,8 +44,8 @@ class CodecModelConfig(Config):
 class CodecTrainConfig(Config):
     """Two stages as the paper: the tokenizer first, then the prior on its frozen tokens."""
 
-    tokenizer_steps: int = field(2200, "stage 1 optimisation steps")
-    prior_steps: int = field(600, "stage 2 optimisation steps")
+    tokenizer_steps: int = field(2600, "stage 1 optimisation steps")
+    prior_steps: int = field(450, "stage 2 optimisation steps")
     crop: int = field(128, "tokenizer training crop side (pixels)")
     prior_crop: int = field(256, "prior training crop side (pixels)")
     batch_size: int = field(12, "crops per step (both stages)")

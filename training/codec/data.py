@@ -23,12 +23,22 @@ def skimage_images(names: tuple[str, ...] = TRAIN) -> dict[str, np.ndarray]:
     return bundled(names)
 
 
-def random_crops(images: list[np.ndarray], n: int, side: int, rng: np.random.Generator) -> torch.Tensor:
-    """(n, 3, side, side) float32 in [-0.5, 0.5]: random crops (images smaller than ``side`` are padded by
-    reflection), random flips and a random channel permutation (colour augmentation for a small photo set)."""
+def sampling_weights(images: list[np.ndarray], colour: float = 3.0) -> np.ndarray:
+    """Probability of drawing each image: colour photos ``colour`` times as often as greyscale ones (the
+    held-out photos are colour; with greyscale crops dominating, a small model learns to output grey)."""
+    grey = [bool(np.array_equal(im[..., 0], im[..., 1]) and np.array_equal(im[..., 1], im[..., 2])) for im in images]
+    w = np.array([1.0 if g else colour for g in grey])
+    return w / w.sum()
+
+
+def random_crops(images: list[np.ndarray], n: int, side: int, rng: np.random.Generator,
+                 weights: np.ndarray | None = None) -> torch.Tensor:
+    """(n, 3, side, side) float32 in [-0.5, 0.5]: random crops (images drawn with ``weights``; those smaller
+    than ``side`` are padded by reflection), random flips and, half the time, a random channel permutation
+    (colour augmentation for a small photo set)."""
     out = np.empty((n, 3, side, side), np.float32)
     for i in range(n):
-        img = images[rng.integers(len(images))]
+        img = images[rng.choice(len(images), p=weights)]
         if min(img.shape[:2]) < side:
             pad = side - min(img.shape[:2])
             img = np.pad(img, ((0, pad), (0, pad), (0, 0)), mode="reflect")
@@ -36,6 +46,7 @@ def random_crops(images: list[np.ndarray], n: int, side: int, rng: np.random.Gen
         crop = img[y:y + side, x:x + side]
         if rng.random() < 0.5:
             crop = crop[:, ::-1]
-        crop = crop[..., rng.permutation(3)]
+        if rng.random() < 0.5:
+            crop = crop[..., rng.permutation(3)]
         out[i] = crop.transpose(2, 0, 1) / 255.0 - 0.5
     return torch.from_numpy(out)

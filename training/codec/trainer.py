@@ -22,7 +22,7 @@ from veil.codec.tokens import Geometry, prior_inputs
 
 from ..checkpoint import load_checkpoint, save_checkpoint
 from .config import CodecModelConfig, CodecTrainConfig
-from .data import random_crops
+from .data import random_crops, sampling_weights
 from .model import Prior, Tokenizer, bits_to_numpy
 
 
@@ -55,14 +55,14 @@ def cosine(step: int, steps: int) -> float:
 def train_tokenizer(tok: Tokenizer, images: list[np.ndarray], cfg: CodecTrainConfig, progress: bool) -> dict[str, float]:
     from pytorch_msssim import ssim
 
-    rng = np.random.default_rng(cfg.seed)
+    rng, weights = np.random.default_rng(cfg.seed), sampling_weights(images)
     opt = torch.optim.AdamW(tok.parameters(), lr=cfg.lr, weight_decay=1e-4)
     K, losses = len(tok.cfg.scales), []
     bar = tqdm(range(cfg.tokenizer_steps), desc="codec stage 1 (tokenizer)", disable=not progress)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = cfg.lr * cosine(step, cfg.tokenizer_steps)
-        x = random_crops(images, cfg.batch_size, cfg.crop, rng)  # (B, 3, S, S)
+        x = random_crops(images, cfg.batch_size, cfg.crop, rng, weights)  # (B, 3, S, S)
         keep = int(rng.integers(4, K)) if rng.random() < cfg.srd else K
         y, _, commit = tok(x, keep)
         loss = F.l1_loss(y, x) + F.mse_loss(y, x) + cfg.commit * commit
@@ -81,10 +81,10 @@ def train_tokenizer(tok: Tokenizer, images: list[np.ndarray], cfg: CodecTrainCon
 def token_dataset(tok: Tokenizer, images: list[np.ndarray], cfg: CodecTrainConfig
                   ) -> tuple[torch.Tensor, ...]:
     """Prior training set: (feats, pos, sid, targets, active) of ``prior_crops`` crops, one sequence each."""
-    rng = np.random.default_rng(cfg.seed + 1)
+    rng, weights = np.random.default_rng(cfg.seed + 1), sampling_weights(images)
     geo, rows = geometry(tok), []
     for start in range(0, cfg.prior_crops, 16):
-        x = random_crops(images, min(16, cfg.prior_crops - start), cfg.prior_crop, rng)
+        x = random_crops(images, min(16, cfg.prior_crops - start), cfg.prior_crop, rng, weights)
         z = tok.encoder(x)
         _, tokens, _ = tok.quantize(z)
         h, w = z.shape[2:]
