@@ -52,12 +52,13 @@ def bench(runtime: CodecRuntime, images: dict[str, np.ndarray], targets: list[fl
           codecs: list[str] | None = None, mode: str = "greedy") -> dict[str, Any]:
     """Ours at each target (most scales within it) vs each anchor's best (quality x downscale) within it."""
     codecs = available() if codecs is None else codecs
+    anchors = {codec: {name: Anchor(pixels, codec) for name, pixels in images.items()} for codec in codecs}
     rows: list[dict[str, Any]] = []
     for target in targets:
         ours = evaluate(runtime, images, target_bpp=target, mode=mode)
         row: dict[str, Any] = {"target_bpp": target, "veil": ours}
         for codec in codecs:
-            points = {name: Anchor(pixels, codec).best_at(target) for name, pixels in images.items()}
+            points = {name: anchor.best_at(target) for name, anchor in anchors[codec].items()}  # file sizes cached
             per_image = {name: (p.to_dict() if p else None) for name, p in points.items()}
             reached = [p for p in points.values() if p is not None]
             row[codec] = {"images": per_image, "reached": len(reached) == len(points),
