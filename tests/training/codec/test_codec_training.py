@@ -67,3 +67,21 @@ def test_training_is_deterministic_for_a_seed() -> None:
     for m1, m2 in ((a.tokenizer, b.tokenizer), (a.prior, b.prior)):
         assert all(torch.equal(p, q) for p, q in zip(m1.state_dict().values(), m2.state_dict().values(), strict=True))
     assert set(a.metrics) == {"tokenizer_loss", "prior_bits_per_active_bit", "train_seconds"}
+
+
+def test_train_cli_writes_a_run_usable_by_veil_codec(tmp_path, capsys) -> None:
+    import json
+
+    from veil.codec.cli import main as codec_main
+    from veil.codec.images import png_bytes
+    from veil.training.codec.cli import main
+
+    flags = ["--tokenizer-steps", "2", "--prior-steps", "2", "--crop", "64", "--prior-crop", "64", "--batch-size", "2",
+             "--prior-crops", "2", "--channels", "8", "8", "8", "8", "--prior-width", "16", "--prior-layers", "1",
+             "--prior-heads", "2", "--no-progress"]
+    assert main(["--out", str(tmp_path / "run"), *flags]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["model"].endswith("codec") and summary["validation"]["prior"] <= 1e-4
+    (tmp_path / "x.png").write_bytes(png_bytes(np.zeros((40, 50, 3), np.uint8)))
+    assert codec_main(["encode", str(tmp_path / "x.png"), "-o", str(tmp_path / "x.vc"), "--model",
+                       str(tmp_path / "run")]) == 0
