@@ -72,7 +72,7 @@ def _gpd_shape(x: np.ndarray) -> float:
     b = b / (3 * x[int(n / 4 + 0.5) - 1]) + 1 / x[-1]
     k = np.log1p(-b[:, None] * x).mean(1)
     log_lik = n * (np.log(-(b / k)) - k - 1)
-    w = 1 / np.exp(log_lik - log_lik[:, None]).sum(1)
+    w = np.exp(log_lik - log_lik.max())  # the profile posterior weights, a stable softmax
     w = w / w.sum()
     k_post = np.log1p(-(b * w).sum() * x).mean()
     return float((n * k_post + 10 * 0.5) / (n + 10))
