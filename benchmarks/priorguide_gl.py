@@ -41,12 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_figure, save_results  # noqa: E402
 
 
-def test_priors(d: int, seed: int) -> dict[str, Prior]:
-    """One mild, one strong and one mixture prior (App. C.3.1) for dimension ``d``."""
+def test_priors(d: int, seed: int, spread: float = 3.0) -> dict[str, Prior]:
+    """One mild, one strong and one mixture prior (App. C.3.1: μ_i ~ U(−3s, 3s), ``spread`` = 3) for dimension d."""
     gen = torch.Generator().manual_seed(1000 + d + seed)
 
     def mu() -> torch.Tensor:
-        return (torch.rand(d, generator=gen, dtype=torch.float64) * 2 - 1) * 3 * S
+        return (torch.rand(d, generator=gen, dtype=torch.float64) * 2 - 1) * spread * S
 
     pi = 0.2 + 0.6 * float(torch.rand(1, generator=gen))
     return {"mild": Gaussian.diag(mu(), [0.5 * S] * d), "strong": Gaussian.diag(mu(), [0.2 * S] * d),
@@ -76,7 +76,7 @@ def evaluate(post: PriorGuidePosterior, train: Prior, d: int, args: argparse.Nam
     """Every method on every (prior kind, observation) of dimension ``d``."""
     noise = 0.1 * torch.eye(d, dtype=torch.float64)
     rows = []
-    priors = test_priors(d, 0)
+    priors = test_priors(d, 0, args.spread)
     cells = [(kind, q, o) for kind, q in priors.items() for o in range(args.observations)]
     for kind, q, o in tqdm(cells, desc=f"{label} {d}-d", leave=False):
         gen = torch.Generator().manual_seed(100 * d + o)
@@ -105,7 +105,7 @@ def evaluate(post: PriorGuidePosterior, train: Prior, d: int, args: argparse.Nam
 def langevin_curve(post: PriorGuidePosterior, d: int, args: argparse.Namespace, label: str) -> dict[str, list]:
     """C2ST vs N_L (N = 25) for the paper's Σ0|t and the pilot's, strong prior, averaged over observations."""
     noise = 0.1 * torch.eye(d, dtype=torch.float64)
-    q = test_priors(d, 0)["strong"]
+    q = test_priors(d, 0, args.spread)["strong"]
     out: dict[str, list] = {"n_l": list(args.curve)}
     for kernel in ("paper", "full"):
         values = []
@@ -225,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timing-threads", type=int, default=2)
     parser.add_argument("--timing-draws", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--spread", type=float, default=3.0,
+                        help="test-prior means μ_i ~ U(−spread·s, spread·s) (the paper: 3)")
+    parser.add_argument("--section", default=SECTION, help="results key (JSON file, results.md section, PNG)")
+    parser.add_argument("--no-timing", action="store_true", help="skip the timing runs")
     parser.add_argument("--quick", action="store_true", help="smoke settings")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     args = parser.parse_args(argv)
@@ -250,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         if d == max(args.dims):
             curves[f"analytic score, {d}-d strong prior"] = langevin_curve(analytic, d, args, "analytic")
             curves[f"trained network, {d}-d strong prior"] = langevin_curve(network, d, args, "network")
-            for threads in sorted({1, args.timing_threads}):
+            for threads in [] if args.no_timing else sorted({1, args.timing_threads}):
                 for label, post in (("network", network), ("analytic", analytic)):
                     times.append({"scores": label, **timing(post, d, threads, args.timing_draws, args.repeats)})
     summary = summarise(rows)
@@ -258,12 +262,13 @@ def main(argv: list[str] | None = None) -> int:
                "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"out": None},
                "machine": {"python": platform.python_version(), "torch": torch.__version__,
                            "processor": platform.processor() or platform.machine()}}
-    plot(curves, args.out / "img" / "priorguide_gl_langevin.png")
+    plot(curves, args.out / "img" / f"{args.section}_langevin.png")
     body = "\n".join([
-        "## priorguide_gl — PriorGuide on Gaussian linear vs unguided and importance reweighting",
+        f"## {args.section} — PriorGuide on Gaussian linear vs unguided and importance reweighting",
         "",
-        f"`OMP_NUM_THREADS=2 python benchmarks/priorguide_gl.py{' --quick' if args.quick else ''}`. Training prior "
-        "N(0, 0.1 I), x | θ ~ N(θ, 0.1 I); per d one mild, one strong and one mixture test prior (App. C.3.1), "
+        f"`OMP_NUM_THREADS=2 python benchmarks/priorguide_gl.py {' '.join(argv or sys.argv[1:])}`. Training prior "
+        "N(0, 0.1 I), x | θ ~ N(θ, 0.1 I); per d one mild, one strong and one mixture test prior (App. C.3.1, "
+        f"means μ_i ~ U(−{args.spread:g}s, {args.spread:g}s)), "
         f"{args.observations} observation(s) each, {args.draws} draws per method, C2ST against the closed-form "
         "posterior (random forest, 0.5 = indistinguishable). PriorGuide at N = 25, N_L = 8 (225 NFE + a 25-NFE "
         f"500-draw pilot); SIR resamples {args.sir_base} unguided draws. Mean/cov errors: ‖m̂ − m'‖/√tr S' and "
@@ -276,14 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *targets(summary, times),
         "",
-        f"C2ST vs Langevin steps ({max(args.dims)}-D strong prior): ![C2ST vs N_L](img/priorguide_gl_langevin.png)",
+        f"C2ST vs Langevin steps ({max(args.dims)}-D strong prior): ![C2ST vs N_L](img/{args.section}_langevin.png)",
         "",
         "| curve | N_L | " + " | ".join(str(n) for n in args.curve) + " |",
         "|---|---|" + "---|" * len(args.curve),
         *[f"| {label} | {kernel} | " + " | ".join(f"{v:.3f}" for v in curve[kernel]) + " |"
           for label, curve in curves.items() for kernel in ("paper", "full")],
     ])
-    save_results(args.out, SECTION, results, body)
+    save_results(args.out, args.section, results, body)
     print(body)
     return 0
 
