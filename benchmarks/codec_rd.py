@@ -7,7 +7,7 @@ x downscale factor (whole files counted, plus 4 bytes of original size when down
 decode time of a 256x256 image on 2 threads, bit-exact decoding across runs and thread counts, and rate
 monotonicity in k. Writes docs/results/codec_rd.json, the codec_rd section of results.md, docs/img/codec_rd.png.
 
-    .venv/bin/python benchmarks/codec_rd.py                  # trains runs/codec first if missing (~25 min, 1 thread)
+    .venv/bin/python benchmarks/codec_rd.py                  # trains runs/codec first if missing (~20 min, 1 thread)
     .venv/bin/python benchmarks/codec_rd.py --model runs/codec
     .venv/bin/python benchmarks/codec_rd.py --quick --out /tmp/docs   # smoke run: tiny model, small crops
 """
