@@ -65,7 +65,9 @@ def test_every_example_is_tested() -> None:
     tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py", "serve_and_query.py", "export_polycnn.py",
               "export_minilm.py", "encrypted_inference.py", "finetune_lora_minilm.py",
               # tested beside their rooms: tests/training/{lm,optim,rl}/test_example.py,
-              # tests/training/compress/test_example_svd.py and compress/{heapr,safety}/test_example.py
+              # tests/training/compress/test_example_svd.py and compress/{heapr,safety}/test_example.py,
+              # tests/codec/test_examples.py, tests/posterior/test_example.py
               "train_tiny_lm.py", "optim_lora_minilm.py", "grpo_toy.py", "compress_tiny_lm.py",
-              "compress_moe_heapr.py", "safety_realign_tiny.py"}
+              "compress_moe_heapr.py", "safety_realign_tiny.py", "codec_progressive.py",
+              "priorguide_gaussian_linear.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
