@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.dims, args.observations, args.draws, args.sir_base, args.trees = [2], 1, 200, 1000, 10
         args.train_steps, args.simulations, args.curve = 100, 1000, [0, 2]
-        args.timing_draws, args.repeats = 100, 1
+        args.timing_draws, args.repeats, args.timing_threads = 100, 1, 1
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
     curves: dict[str, dict[str, list]] = {}
