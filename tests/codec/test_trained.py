@@ -11,7 +11,7 @@ from veil.codec.runtime import CodecRuntime
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> CodecRuntime:
-    """300 tokenizer + 200 prior steps of a narrow model on two training photos (about a minute on 1 thread)."""
+    """1500 tokenizer + 200 prior steps of a narrow model on three training photos (about a minute on 1 thread)."""
     from veil.export.codec import export_codec
     from veil.training.codec.config import CodecModelConfig, CodecTrainConfig
     from veil.training.codec.data import skimage_images
@@ -20,7 +20,7 @@ def trained(tmp_path_factory) -> CodecRuntime:
     root = tmp_path_factory.mktemp("codec-trained")
     images = skimage_images(("rocket", "immunohistochemistry", "camera"))
     model = CodecModelConfig(channels=[16, 32, 32, 48], prior_width=48, prior_layers=1, prior_heads=2)
-    train = CodecTrainConfig(tokenizer_steps=300, prior_steps=200, crop=64, prior_crop=128, batch_size=8,
+    train = CodecTrainConfig(tokenizer_steps=1500, prior_steps=200, crop=64, prior_crop=128, batch_size=8,
                              prior_crops=64)
     save_codec(train_codec(model, train, list(images.values()), progress=False), root / "ck", sorted(images))
     export_codec(root / "ck", root / "repo", "codec")
