@@ -1,8 +1,27 @@
-"""Shared pytest set-up: GPU tests skip without CUDA; tests run single-threaded-deterministic where it matters."""
+"""Shared pytest set-up: GPU tests skip without CUDA; ``load_benchmark`` imports a benchmark script."""
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
 import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def load_benchmark() -> Callable[[str], ModuleType]:
+    """``load_benchmark(name)``: ``benchmarks/<name>.py`` as a fresh module (the scripts are not a package)."""
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+        assert spec is not None and spec.loader is not None, name
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

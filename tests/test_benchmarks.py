@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.slow
-def test_uldnet_digits_benchmark_smoke(tmp_path) -> None:
-    module = load("uldnet_digits")
+def test_uldnet_digits_benchmark_smoke(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("uldnet_digits")
     (tmp_path / "results.md").write_text("# results\n\nkept text\n")
     assert module.main(["--seeds", "0", "--epochs", "2", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "results.md").read_text()
@@ -33,8 +22,8 @@ def test_uldnet_digits_benchmark_smoke(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_serve_http_benchmark_quick(tmp_path) -> None:
-    module = load("serve_http")
+def test_serve_http_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("serve_http")
     marker = "<!-- serve_http:begin -->"
     (tmp_path / "results.md").write_text("# results\n\n<!-- other:begin -->\nkept text\n<!-- other:end -->\n")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -47,8 +36,8 @@ def test_serve_http_benchmark_quick(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_export_minilm_benchmark_smoke(tmp_path) -> None:
-    module = load("export_minilm")
+def test_export_minilm_benchmark_smoke(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("export_minilm")
     assert module.main(["--rounds", "1", "--sequence", "16", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results" / "export_minilm.json").read_text())
     assert report["quality"]["ort_int8"]["mean_cosine"] > 0.98
@@ -56,8 +45,8 @@ def test_export_minilm_benchmark_smoke(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_he_digits_benchmark_quick(tmp_path) -> None:
-    module = load("he_digits")
+def test_he_digits_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("he_digits")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results" / "he_digits.json").read_text())
     assert set(report["runs"]) == {"tenseal_baseline", "veil_latency", "veil_throughput"}
@@ -66,8 +55,8 @@ def test_he_digits_benchmark_quick(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_adapters_serving_benchmark_quick(tmp_path) -> None:
-    module = load("adapters_serving")
+def test_adapters_serving_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("adapters_serving")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results" / "adapters_serving.json").read_text())["bench"]
     assert [r["sequence"] for r in report] == [16, 32]
@@ -76,8 +65,8 @@ def test_adapters_serving_benchmark_quick(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_adapters_e2lora_benchmark_quick(tmp_path) -> None:
-    module = load("adapters_e2lora")
+def test_adapters_e2lora_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("adapters_e2lora")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results" / "adapters_e2lora.json").read_text())
     assert {r["method"] for r in report["runs"]} == {"lora", "e2lora"}
@@ -86,8 +75,8 @@ def test_adapters_e2lora_benchmark_quick(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_adapters_mtlora_benchmark_quick(tmp_path) -> None:
-    module = load("adapters_mtlora")
+def test_adapters_mtlora_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("adapters_mtlora")
     (tmp_path / "results.md").write_text("# results\n\nkept text\n")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "results.md").read_text()
@@ -98,8 +87,8 @@ def test_adapters_mtlora_benchmark_quick(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_adapters_loramixer_benchmark_quick(tmp_path) -> None:
-    module = load("adapters_loramixer")
+def test_adapters_loramixer_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("adapters_loramixer")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results" / "adapters_loramixer.json").read_text())
     rows = {r["method"]: r for r in report["summary"]}
@@ -111,8 +100,8 @@ def test_adapters_loramixer_benchmark_quick(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_optim_grpo_benchmark_quick(tmp_path) -> None:
-    module = load("optim_grpo")
+def test_optim_grpo_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("optim_grpo")
     (tmp_path / "results.md").write_text("# results\n\n<!-- other:begin -->\nkept text\n<!-- other:end -->\n")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "results.md").read_text()
@@ -126,8 +115,8 @@ def test_optim_grpo_benchmark_quick(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_optim_lora_benchmark_quick(tmp_path) -> None:
-    module = load("optim_lora")
+def test_optim_lora_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("optim_lora")
     (tmp_path / "results.md").write_text("# results\n\n<!-- other:begin -->\nkept text\n<!-- other:end -->\n")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "results.md").read_text()

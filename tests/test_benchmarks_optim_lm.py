@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "optim_lm.py"
-
 
 @pytest.mark.slow
-def test_optim_lm_benchmark_quick(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("optim_lm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_optim_lm_benchmark_quick(tmp_path, load_benchmark) -> None:
+    module = load_benchmark("optim_lm")
     (tmp_path / "results.md").write_text("# results\n\nkept text\n")
     cache = tmp_path / "cache"
     assert module.main(["--quick", "--seeds", "0,1", "--cache", str(cache), "--out", str(tmp_path)]) == 0
@@ -37,15 +31,8 @@ def test_optim_lm_benchmark_quick(tmp_path) -> None:
     assert (tmp_path / "results.md").read_text().count("<!-- optim_lm:begin -->") == 1
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("optim_lm_helpers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_sweep_extends_past_a_winning_edge() -> None:
-    module = _module()
+def test_sweep_extends_past_a_winning_edge(load_benchmark) -> None:
+    module = load_benchmark("optim_lm")
     ladder = [0.01, 0.02, 0.05, 0.1, 0.2]
     calls = []
 
@@ -68,8 +55,8 @@ def test_sweep_extends_past_a_winning_edge() -> None:
     assert calls == [0.05, 0.1, 0.02, 0.01] and [r["lr"] for r in runs] == [0.01, 0.02, 0.05, 0.1]
 
 
-def test_steps_to_reach() -> None:
-    module = _module()
+def test_steps_to_reach(load_benchmark) -> None:
+    module = load_benchmark("optim_lm")
     history = [{"step": 25, "held_out_loss": 2.0}, {"step": 50, "held_out_loss": 1.6},
                {"step": 75, "held_out_loss": 1.2}]
     assert module.steps_to_reach(history, 1.5) == 75

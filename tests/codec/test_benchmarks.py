@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_codec_rd_benchmark_smoke(tmp_path, codec_dir) -> None:
-    module = load("codec_rd")
+def test_codec_rd_benchmark_smoke(load_benchmark, tmp_path, codec_dir) -> None:
+    module = load_benchmark("codec_rd")
     (tmp_path / "results.md").write_text("# results\n\n<!-- other:begin -->\nkept text\n<!-- other:end -->\n")
     assert module.main(["--quick", "--model", str(codec_dir), "--out", str(tmp_path)]) == 0
     text = (tmp_path / "results.md").read_text()

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.slow
-def test_priorguide_gl_benchmark_quick(tmp_path) -> None:
-    module = load("priorguide_gl")
+def test_priorguide_gl_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("priorguide_gl")
     marker = "<!-- priorguide_gl:begin -->"
     (tmp_path / "results.md").write_text("# results\n\n<!-- other:begin -->\nkept text\n<!-- other:end -->\n")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0

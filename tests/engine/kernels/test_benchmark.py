@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_kernels.py"
 
 
-def test_gpu_kernels_benchmark_interpreter_smoke(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_kernels", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_gpu_kernels_benchmark_interpreter_smoke(tmp_path, load_benchmark) -> None:
+    module = load_benchmark("gpu_kernels")
     assert module.main(["--interpret", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results" / "gpu_kernels_interpret.json").read_text())
     assert {r["kernel"] for r in results["rows"]} == {"lora", "lowrank", "linear_polyact"}

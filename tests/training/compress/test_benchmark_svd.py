@@ -3,20 +3,14 @@ MiniLM three times and exports)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "compress_svd.py"
-
 
 @pytest.mark.slow
-def test_compress_svd_benchmark_quick(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("compress_svd", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_compress_svd_benchmark_quick(tmp_path, load_benchmark) -> None:
+    module = load_benchmark("compress_svd")
     assert module.main(["--quick", "--out", str(tmp_path / "docs"), "--cache", str(tmp_path / "cache")]) == 0
     results = json.loads((tmp_path / "docs" / "results" / "compress_svd.json").read_text())
     for part in ("lm", "minilm"):

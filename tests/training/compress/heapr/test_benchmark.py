@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[4] / "benchmarks" / "compress_heapr.py"
-
 
 @pytest.mark.slow
-def test_compress_heapr_benchmark_quick(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("compress_heapr_bench", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_compress_heapr_benchmark_quick(tmp_path, load_benchmark) -> None:
+    bench = load_benchmark("compress_heapr")
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results" / "compress_heapr.json").read_text())
     methods = {s["method"] for s in results["summary"]}

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[4] / "benchmarks" / "compress_safety.py"
-
 
 @pytest.mark.slow
-def test_benchmark_quick(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("compress_safety_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_benchmark_quick(tmp_path, load_benchmark) -> None:
+    module = load_benchmark("compress_safety")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results" / "compress_safety.json").read_text())
     assert set(results["summary"]["rows"]) >= {"aligned", "attacked", "patched", "control:universal"}
