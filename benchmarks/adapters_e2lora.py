@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,7 @@ from veil.training.adapters.finetune import (
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_e2lora"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results  # noqa: E402
+from common import command_line, environment, save_results  # noqa: E402
 
 
 def adapter_params(model: nn.Module) -> int:
@@ -130,9 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {"model": "all-MiniLM-L6-v2", "seeds": seeds, "epochs": budgets, "runs": runs, "summary": summarise(runs),
                "settings": f"r={cfg.r}, alpha={cfg.alpha:g}, {'/'.join(cfg.target_modules)}, lr {cfg.lr:g}, "
                            f"{cfg.train_size} train / {cfg.test_size} test",
-               "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
-                               f"{os.cpu_count()} CPUs", "torch": torch.__version__}}
-    command = "python benchmarks/adapters_e2lora.py" + (" " + " ".join(argv) if argv else "")
+               "environment": environment(torch=torch.__version__)}
+    command = command_line(__file__, argv)
     save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results["summary"], indent=2))
     return 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_loramixer"
 DOMAINS = ("sentiment", "number", "topic")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results  # noqa: E402
+from common import command_line, environment, save_results  # noqa: E402
 
 
 def mixture(cfg: FinetuneConfig, seed: int) -> tuple[Task, dict[str, Task]]:
@@ -201,9 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                "settings": f"r={cfg.r}, alpha=2r, q/k/v/attention-output projections, lr {cfg.lr:g}, "
                            f"{sum(stages)} epochs (mixer: {stages[0]} hard + {stages[1]} soft), "
                            f"{cfg.train_size} train / {cfg.test_size} test per domain",
-               "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
-                               f"{os.cpu_count()} CPUs", "torch": torch.__version__}}
-    command = "python benchmarks/adapters_loramixer.py" + (" " + " ".join(argv) if argv else "")
+               "environment": environment(torch=torch.__version__)}
+    command = command_line(__file__, argv)
     save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results["summary"], indent=2))
     return 0

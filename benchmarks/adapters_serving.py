@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_serving"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results  # noqa: E402
+from common import command_line, save_results  # noqa: E402
 
 
 def build_repo(root: Path, quick: bool, adapters: int, max_batch: int) -> tuple[Path, int]:
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                "max_batch": args.max_batch,
                "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
                                "onnxruntime": ort.__version__, "threads": physical_cores()}}
-    command = "python benchmarks/adapters_serving.py" + (" " + " ".join(argv) if argv else "")
+    command = command_line(__file__, argv)
     save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results, indent=2))
     return 0

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +39,14 @@ def save_figure(fig: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def environment(threads: str = "", **versions: str) -> dict[str, str]:
+    """Where and when a benchmark ran: date, machine (``threads`` appended, e.g. "1 thread") and package versions."""
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs" + (f", {threads}" if threads else "")
+    return {"date": time.strftime("%Y-%m-%d"), "machine": machine, **versions}
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command line that reproduces a run: ``python benchmarks/<script> [argv...]``."""
+    return f"python benchmarks/{Path(script).name}" + (" " + " ".join(argv) if argv else "")

@@ -24,8 +24,6 @@ import argparse
 import copy
 import json
 import math
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -51,7 +49,7 @@ from veil.training.lm.data import eval_blocks
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "compress_heapr"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_figure, save_results  # noqa: E402
+from common import command_line, environment, save_figure, save_results  # noqa: E402
 
 RATIOS = (0.1, 0.25, 0.4)
 VARIANTS = {"heapr_first_order": {"first_order": True}, "heapr_per_token": {"fisher": "per_token"},
@@ -215,9 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                "targets": targets(summary),
                "settings": f"{steps} AdamW steps, calibration {cal_sequences} x 128 train bytes, "
                            f"{eval_count or 'all'} held-out 128-byte blocks",
-               "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
-                               f"{os.cpu_count()} CPUs, 1 torch thread", "torch": torch.__version__}}
-    command = "python benchmarks/compress_heapr.py" + (" " + " ".join(argv) if argv else "")
+               "environment": environment("1 torch thread", torch=torch.__version__)}
+    command = command_line(__file__, argv)
     plot(summary, args.out / "img" / "compress_heapr_perplexity.png")
     save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results["targets"], indent=2))

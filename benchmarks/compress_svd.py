@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -48,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "compress_svd"
 METHODS = ("svd", "svd_llm", "saes_svd")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_figure, save_results  # noqa: E402
+from common import command_line, environment, save_figure, save_results  # noqa: E402
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -232,9 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = min(args.rounds, 3)
     results = {"ratios": ratios, "methods": list(METHODS), "rounds": args.rounds,
                "lm": lm_part(args, ratios), "minilm": minilm_part(args, ratios),
-               "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
-                               f"{os.cpu_count()} CPUs", "torch": torch.__version__, "onnxruntime": ort.__version__}}
-    command = "python benchmarks/compress_svd.py" + (" " + " ".join(argv) if argv else "")
+               "environment": environment(torch=torch.__version__, onnxruntime=ort.__version__)}
+    command = command_line(__file__, argv)
     save_results(args.out, SECTION, results, markdown(results, command))
     plot(results, args.out / "img" / "compress_svd_drift.png")
     print(json.dumps({k: results[k]["order"] for k in ("lm", "minilm")}, indent=2))

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -35,7 +33,7 @@ LR = 3e-4
 CONFIGS = {m: GrpoConfig.preset(m, lr=LR) for m in ("grpo", "ar", "lopti", "ar_lopti", "lopti_reversed")}
 CONFIGS["grpo_2epochs"] = GrpoConfig.preset("grpo", lr=LR, ppo_epochs=2)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_figure, save_results  # noqa: E402
+from common import command_line, environment, save_figure, save_results  # noqa: E402
 
 
 def columns(history: list[dict[str, float]]) -> dict[str, list[float]]:
@@ -166,10 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                            f"{task.warm_steps} steps at noise {task.noise}",
                "initial_gradient_share": {k: statistics.fmean(s[k] for s in shares) for k in ("plain", "ar")},
                "runs": runs, "summary": summarise(runs, methods, tail),
-               "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
-                               f"{os.cpu_count()} CPUs (1 thread)", "torch": torch.__version__}}
+               "environment": environment("1 thread", torch=torch.__version__)}
     plot(results, args.out / "img" / "optim_grpo_reward.png")
-    command = "python benchmarks/optim_grpo.py" + (" " + " ".join(argv) if argv else "")
+    command = command_line(__file__, argv)
     save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results["summary"], indent=2))
     return 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import platform
 import sys
 import time
@@ -35,7 +34,7 @@ from veil.training.lm.config import LM_LR, full_model_optimizers
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "optim_lm"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_figure, save_results  # noqa: E402
+from common import environment, save_figure, save_results  # noqa: E402
 
 # lr grids: AdamW around its usual small-model range; RACS/Alice around the paper's λ = 0.02 (Tables 9, 11), RACS
 # shifted up one point because 0.05, the top of its first grid {0.01, 0.02, 0.05}, won the 300-step sweep.
@@ -351,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                "train_seconds_total": round(sum(r["metrics"]["train_seconds"] for r in
                                                 [*sweep, *(x for runs in others.values() for x in runs.values())]
                                                 if not r["diverged"]), 1),
-               "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
-                               f"{os.cpu_count()} CPUs", "torch": torch.__version__, "python": platform.python_version()}}
+               "environment": environment(torch=torch.__version__, python=platform.python_version())}
     plot(best, best["adamw"]["metrics"]["held_out_loss"], args.out / "img" / "optim_lm_loss.png",
          results["seed_curves"])
     shown = [a for i, a in enumerate(argv) if not (a == "--cache" or a.startswith("--cache=")

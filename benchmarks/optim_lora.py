@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +45,7 @@ LR_GRID = {"adamw": (2e-3, 5e-3, 1e-2), "adams": (1e-4, 3e-4, 1e-3), "lracs": (1
            "lracs_bc": (1e-3, 2e-3, 4e-3)}
 QUICK_LR = {"adamw": 2e-3, "adams": 1e-4, "lracs": 2.5e-4, "lracs_bc": 1e-3}
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_figure, save_results  # noqa: E402
+from common import command_line, environment, save_figure, save_results  # noqa: E402
 
 
 def run_one(method: str, lr: float, task_name: str, seed: int, cfg: FinetuneConfig, head_lr: float) -> dict[str, Any]:
@@ -161,9 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                "settings": f"LoRA r={cfg.r}, alpha={cfg.alpha:g}, {'/'.join(cfg.target_modules)}, batch "
                            f"{cfg.batch_size}, {cfg.epochs} epochs, {cfg.train_size} train / {cfg.val_size} val / "
                            f"{cfg.test_size} test",
-               "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
-                               f"{os.cpu_count()} CPUs, 1 thread", "torch": torch.__version__}}
-    command = "python benchmarks/optim_lora.py" + (" " + " ".join(argv) if argv else "")
+               "environment": environment("1 thread", torch=torch.__version__)}
+    command = command_line(__file__, argv)
     save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results["summary"], indent=2))
     return 0
