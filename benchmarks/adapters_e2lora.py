@@ -13,7 +13,6 @@ largest budget. Writes docs/results/adapters_e2lora.json and the adapters_e2lora
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -37,7 +36,7 @@ from veil.training.adapters.finetune import (
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_e2lora"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, environment, save_results  # noqa: E402
+from common import argument_parser, command_line, environment, save_results  # noqa: E402
 
 
 def adapter_params(model: nn.Module) -> int:
@@ -109,12 +108,10 @@ def markdown(results: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: one task, 64 examples, one epoch")
     parser.add_argument("--epochs", default="2,4", help="comma-separated training budgets (default 2,4)")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     torch.set_num_threads(min(2, os.cpu_count() or 1))

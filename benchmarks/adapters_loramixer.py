@@ -14,7 +14,6 @@ whether routing over domain experts pays off here and whether the router learns 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -42,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_loramixer"
 DOMAINS = ("sentiment", "number", "topic")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, environment, save_results  # noqa: E402
+from common import argument_parser, command_line, environment, save_results  # noqa: E402
 
 
 def mixture(cfg: FinetuneConfig, seed: int) -> tuple[Task, dict[str, Task]]:
@@ -181,11 +180,9 @@ def markdown(results: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: one seed, 32 examples per domain")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     torch.set_num_threads(min(2, os.cpu_count() or 1))

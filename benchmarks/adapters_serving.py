@@ -17,7 +17,6 @@ same session options. Writes docs/results/adapters_serving.json and the adapters
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -44,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_serving"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, save_results  # noqa: E402
+from common import argument_parser, command_line, save_results  # noqa: E402
 
 
 def build_repo(root: Path, quick: bool, adapters: int, max_batch: int) -> tuple[Path, int]:
@@ -137,10 +136,8 @@ Reproduce: `{command}`
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny random BERT, few requests")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     parser.add_argument("--requests", type=int, default=None, help="requests per round (default 512; quick 64)")
     parser.add_argument("--concurrency", type=int, default=128, help="requests in flight (default 128)")
     parser.add_argument("--max-batch", type=int, default=128, help="config.pbtxt max_batch_size (default 128)")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import time
 from pathlib import Path
 from typing import Any
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def write_section(results_md: Path, key: str, body: str) -> None:
@@ -50,3 +53,12 @@ def environment(threads: str = "", **versions: str) -> dict[str, str]:
 def command_line(script: str, argv: list[str] | None) -> str:
     """The command line that reproduces a run: ``python benchmarks/<script> [argv...]``."""
     return f"python benchmarks/{Path(script).name}" + (" " + " ".join(argv) if argv else "")
+
+
+def argument_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser: ``doc``'s first line as description, its last paragraph (the commands) as epilog,
+    and ``--out`` (the docs folder that results.md, results/ and img/ go into)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0], epilog=doc.rsplit("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=DOCS, help="docs folder to write into")
+    return parser

@@ -20,7 +20,6 @@ docs/results.md.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -49,7 +48,7 @@ from veil.training.lm.data import eval_blocks
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "compress_heapr"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, environment, save_figure, save_results  # noqa: E402
+from common import argument_parser, command_line, environment, save_figure, save_results  # noqa: E402
 
 RATIOS = (0.1, 0.25, 0.4)
 VARIANTS = {"heapr_first_order": {"first_order": True}, "heapr_per_token": {"fisher": "per_token"},
@@ -191,13 +190,11 @@ def markdown(results: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: Qwen2-MoE only, 60 training steps, 25 %% only, 1 seed")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
     parser.add_argument("--archs", default="qwen2_moe,mixtral", help="comma-separated: qwen2_moe, mixtral")
     parser.add_argument("--steps", type=int, default=1200, help="training steps of each model (default 1200)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "compress_svd"
 METHODS = ("svd", "svd_llm", "saes_svd")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, environment, save_figure, save_results  # noqa: E402
+from common import argument_parser, command_line, environment, save_figure, save_results  # noqa: E402
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -212,8 +212,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run: micro LM, ratio 0.4, 16 sentences")
     parser.add_argument("--ratios", default="0.2,0.4,0.6", help="removal ratios (default 0.2,0.4,0.6)")
     parser.add_argument("--lm-steps", type=int, default=800, help="training steps of the tiny LM (default 800)")
@@ -221,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20, help="interleaved latency rounds (default 20)")
     parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "out" / "compress_svd",
                         help="where the trained LM is cached")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -15,7 +15,6 @@ a CUDA machine; finishes in under 5 minutes on one GPU.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -28,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "gpu_kernels"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_section  # noqa: E402
+from common import argument_parser, write_section  # noqa: E402
 
 TARGETS = {"lora_speedup_min": 3.0, "lowrank_speedup_min": 1.3}
 # dense fp16 tensor-core peak (TFLOP/s) and memory bandwidth (TB/s), vendor figures (engine.md §3.5: verify)
@@ -154,10 +153,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--interpret", action="store_true", help="CPU smoke run in Triton's interpreter, tiny shapes")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.interpret:
         print("gpu_kernels: no CUDA device here; nothing measured (use --interpret with TRITON_INTERPRET=1 for a "

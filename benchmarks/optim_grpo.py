@@ -14,7 +14,6 @@ the optim_grpo section of docs/results.md and docs/img/optim_grpo_reward.png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -33,7 +32,7 @@ LR = 3e-4
 CONFIGS = {m: GrpoConfig.preset(m, lr=LR) for m in ("grpo", "ar", "lopti", "ar_lopti", "lopti_reversed")}
 CONFIGS["grpo_2epochs"] = GrpoConfig.preset("grpo", lr=LR, ppo_epochs=2)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, environment, save_figure, save_results  # noqa: E402
+from common import argument_parser, command_line, environment, save_figure, save_results  # noqa: E402
 
 
 def columns(history: list[dict[str, float]]) -> dict[str, list[float]]:
@@ -128,12 +127,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: grpo and ar_lopti, one seed, 6 steps")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=200, help="RL steps per run")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -34,7 +34,7 @@ from veil.training.lm.config import LM_LR, full_model_optimizers
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "optim_lm"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, save_figure, save_results  # noqa: E402
+from common import argument_parser, environment, save_figure, save_results  # noqa: E402
 
 # lr grids: AdamW around its usual small-model range; RACS/Alice around the paper's λ = 0.02 (Tables 9, 11), RACS
 # shifted up one point because 0.05, the top of its first grid {0.01, 0.02, 0.05}, won the 300-step sweep.
@@ -282,8 +282,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: micro preset, 30 steps, one lr each")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"optimizer steps per run (default: {DEFAULT_STEPS})")
@@ -293,7 +292,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=None,
                         help="folder of finished runs (JSON): reused when their settings match, so a stopped run "
                              "resumes (default: none)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

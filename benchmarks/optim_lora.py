@@ -16,7 +16,6 @@ section of docs/results.md and docs/img/optim_lora_loss.png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -45,7 +44,7 @@ LR_GRID = {"adamw": (2e-3, 5e-3, 1e-2), "adams": (1e-4, 3e-4, 1e-3), "lracs": (1
            "lracs_bc": (1e-3, 2e-3, 4e-3)}
 QUICK_LR = {"adamw": 2e-3, "adams": 1e-4, "lracs": 2.5e-4, "lracs_bc": 1e-3}
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, environment, save_figure, save_results  # noqa: E402
+from common import argument_parser, command_line, environment, save_figure, save_results  # noqa: E402
 
 
 def run_one(method: str, lr: float, task_name: str, seed: int, cfg: FinetuneConfig, head_lr: float) -> dict[str, Any]:
@@ -130,12 +129,10 @@ def markdown(results: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: one task, 64 examples, one epoch, one lr")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the head and the adapter init")
     parser.add_argument("--head-lr", type=float, default=2e-3, help="AdamW lr of the head under LRACS")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

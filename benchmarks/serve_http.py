@@ -18,7 +18,6 @@ docs/results/serve_http.json and the serve_http section of docs/results.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -42,7 +41,7 @@ WIDE_HIDDEN = 8192  # a compute-bound variant: 32 MB first layer, ~1.5 ms per ba
 SECTION = "serve_http"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results  # noqa: E402
+from common import argument_parser, save_results  # noqa: E402
 
 
 def polycnn_model():
@@ -211,10 +210,8 @@ Client and server share the cores, so absolute numbers are lower bounds for a de
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.rsplit("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: few repetitions and requests")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder to write into")
     args = parser.parse_args(argv)
     reps, block, n_http, n_batch = (6, 50, 60, 160) if args.quick else (40, 400, 1000, 2000)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,13 +1,21 @@
-"""Shared pytest set-up: GPU tests skip without CUDA; ``load_benchmark`` imports a benchmark script."""
+"""Shared pytest set-up: GPU tests skip without CUDA; Triton kernels run in its interpreter without CUDA;
+``load_benchmark`` imports a benchmark script."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
+
+# Triton reads the flag when it is first imported and when a kernel is defined: set it before any test module
+# (or a library it imports) gets there, so the kernel tests run on CPU (engine.md §3.4)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
