@@ -2,8 +2,11 @@
 
 Defaults follow the official AR-Lopti code (``zhyang2226/AR-Lopti`` @ cbeb333, spec §8.4) where it gives one:
 group size 8, temperature 0.7, clip ε_low 0.20 / ε_high 0.24, token-mean loss, k3 ("low_var_kl") KL at 0.001,
-AdamW lr 1e-6, one PPO epoch over one mini-batch (so plain GRPO takes one optimizer step per RL step, Lopti two).
-``lr`` 1e-6 is for 3B–7B policies; a tiny model needs a far larger one (the toy task uses its own).
+AdamW lr 1e-6, one PPO epoch. ``mini_batches`` defaults to 1 (plain GRPO takes one optimizer step per RL step,
+Lopti two); the K&K scripts split each rollout into two (64 prompts × 8 = 512 responses, ``ppo_mini_batch_size``
+256 responses: the fork comments out verl's ``*= rollout.n``), so ``mini_batches=2`` matches them (GRPO two steps,
+Lopti four, the second mini-batch of each pass off-policy). ``lr`` 1e-6 is for 3B–7B policies; a tiny model needs
+a far larger one (the toy task uses its own).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ class GrpoConfig(Config):
     weight_decay: float = field(0.01, "AdamW weight decay")
     max_grad_norm: float = field(1.0, "gradient-norm clip per optimizer step; 0 = none")
     ppo_epochs: int = field(1, "passes over the rollout batch per update (per Lopti pass)")
-    mini_batches: int = field(1, "optimizer steps per epoch: the rollout batch is split into this many parts")
+    mini_batches: int = field(1, "optimizer steps per epoch: the rollout batch is split into this many parts (K&K scripts: 2)")
     seed: int = field(0, "seed of the sampling generator")
 
     @classmethod

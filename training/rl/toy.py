@@ -145,7 +145,7 @@ def run_toy(task: ToySortConfig, cfg: GrpoConfig, steps: int, prompts_per_step: 
                         "low_prob_token_frac": float(((batch.old_log_probs.exp() < LOW_PROB)
                                                       & batch.rollout.response_mask.bool()).sum()
                                                      / batch.rollout.response_mask.sum()),
-                        "high_prob_direction": high_prob_direction(policy, batch, trainer.cfg),
+                        "high_prob_direction": high_prob_direction(policy, batch, trainer.cfg.replace(lopti_eta=LOW_PROB)),
                         "optimizer_steps": stats["optimizer_steps"]})
         if step % eval_every == 0 or step == steps:
             evals.append((step, evaluate(policy, held_out, reward, trainer.cfg, EOS, PAD, seed, eval_samples)))
