@@ -6,7 +6,7 @@ Adam's final perplexity in ~2x fewer steps. Here the same seed, text (pydoc topi
 (tiny preset, 0.92 M parameters) and schedule (10 % warm-up, cosine to 10 %) are used for every optimizer; each
 gets its lr from a small sweep on the first seed, picked by the lowest final *training* loss (mean of the last 10 %
 of steps), and extended past any edge of its grid that wins, so the held-out text never chooses anything; further
-seeds rerun the chosen lrs. Targets: Alice reaches AdamW's final held-out loss in <= 0.6x the steps; RACS ends
+seeds rerun the chosen configurations. Settings beyond the lr (VARIANTS: AdamW's β2, weight decay and an lr between grid points; Alice's paper hyperparameters one at a time, then combined) run at the chosen lr and are selected by the same rule, among configurations whose state fits the memory target. Targets: Alice reaches AdamW's final held-out loss in <= 0.6x the steps; RACS ends
 within 5 % of AdamW's held-out loss (or below it); optimizer state <= 1/2 of Adam's. Writes
 docs/results/optim_lm.json, docs/img/optim_lm_loss.png and the optim_lm section of docs/results.md.
 
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from veil.training.lm import PRESETS, LMModelConfig, LMTrainConfig, load_pydoc_topics, train_lm
 from veil.training.lm.config import LM_LR, full_model_optimizers
+from veil.training.lm.trainer import optimizer_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "optim_lm"
@@ -47,26 +48,67 @@ LADDER: dict[str, list[float]] = {"adamw": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2],
                                   "racs": [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5],
                                   "alice": [0.005, 0.01, 0.02, 0.05, 0.1, 0.2]}
 
+# Settings beyond the lr, each run once at the lr the grid sweep chose (an "lr" key overrides it), with the same
+# selection rule (lowest final training loss). Written down before they ran (docs/results.md lists every run):
+# AdamW gets its usual alternatives (β2 = 0.95, weight decay 0.1, lr 2e-3 between its two best grid points); Alice
+# gets one change at a time from the paper's settings: an Adam lr of 2e-3 for the embeddings and norms (AdamW's
+# range; by default they share Alice's 0.02), Q̃ rotated into the new basis at a switch, K = 1 % of the steps,
+# r = hidden/2 (r/d = 1/2; its state exceeds 1/2 of Adam's, so it is shown but not eligible), α_c = 0.8.
+VARIANTS: dict[str, list[dict[str, Any]]] = {
+    "adamw": [{"betas": [0.9, 0.95]}, {"weight_decay": 0.1}, {"lr": 2e-3}],
+    "alice": [{"adam_lr": 2e-3}, {"rotate_tracking": True}, {"update_interval": 9}, {"rank": 64, "leading": 20},
+              {"alpha_c": 0.8}],
+}
+# Optimizers whose chosen configuration must keep its state within this share of AdamW's (the memory target).
+STATE_LIMIT: dict[str, float] = {"racs": 0.5, "alice": 0.5}
+
+
+def variant_args(extra: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer arguments of a VARIANTS entry (everything but its ``lr``)."""
+    return {k: v for k, v in extra.items() if k != "lr"}
+
+
+def eligible(run: dict[str, Any], runs: list[dict[str, Any]]) -> bool:
+    """A finished run whose state fits its optimizer's STATE_LIMIT share of an AdamW run's state."""
+    if run["diverged"]:
+        return False
+    limit = STATE_LIMIT.get(run["optimizer"])
+    adam = next((r for r in runs if r["optimizer"] == "adamw" and not r["diverged"]), None)
+    return (limit is None or adam is None or run["metrics"]["optimizer_state_bytes"]
+            <= limit * adam["metrics"]["optimizer_state_bytes"])
+
+
+def choose(runs: list[dict[str, Any]], name: str, grid: list[float]) -> dict[str, Any]:
+    """``name``'s eligible run with the lowest final training loss (every finished run if none is eligible)."""
+    done = [r for r in runs if r["optimizer"] == name and not r["diverged"]]
+    if not done:
+        raise FloatingPointError(f"{name}: every lr of {grid} diverged")
+    return min([r for r in done if eligible(r, runs)] or done, key=lambda r: r["select_train_loss"])
+
 
 def run_one(name: str, lr: float, model: LMModelConfig, train: LMTrainConfig, corpus: Any,
-            cache: Path | None = None) -> dict[str, Any]:
-    """Train one optimizer at one lr; a diverged run is recorded (not raised) so the sweep goes on.
+            cache: Path | None = None, optimizer_args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train one optimizer at one lr (``optimizer_args``: its extra arguments); a diverged run is recorded (not
+    raised) so the sweep goes on.
 
-    With ``cache``, a run is stored as JSON under a hash of its full settings and read back instead of retrained
-    (runs are deterministic: same seed, data and single thread), so an interrupted or extended benchmark resumes.
+    With ``cache``, a run is stored as JSON under a hash of its full settings, the optimizer's resolved keyword
+    arguments included, and read back instead of retrained (runs are deterministic: same seed, data and single
+    thread), so an interrupted or extended benchmark resumes.
     """
-    config = train.replace(optimizer=name, lr=lr)
-    key = json.dumps({"model": model.to_dict(), "train": config.to_dict()}, sort_keys=True, default=str)
+    args = dict(optimizer_args or {})
+    config = train.replace(optimizer=name, lr=lr, optimizer_args=args)
+    key = json.dumps({"model": model.to_dict(), "train": config.to_dict(), "kwargs": optimizer_kwargs(model, config)},
+                     sort_keys=True, default=str)
     path = None if cache is None else cache / f"{name}-{lr:g}-s{train.seed}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
     if path is not None and path.exists():
         return json.loads(path.read_text())
     try:
         result = train_lm(model, config, corpus, progress=False)
     except FloatingPointError as exc:
-        run = {"optimizer": name, "lr": lr, "seed": train.seed, "diverged": str(exc)}
+        run = {"optimizer": name, "lr": lr, "seed": train.seed, "optimizer_args": args, "diverged": str(exc)}
     else:
         tail = result.train_loss[-max(1, len(result.train_loss) // 10):]
-        run = {"optimizer": name, "lr": lr, "seed": train.seed, "diverged": None,
+        run = {"optimizer": name, "lr": lr, "seed": train.seed, "optimizer_args": args, "diverged": None,
                "select_train_loss": sum(tail) / len(tail), "metrics": dict(result.metrics),
                "history": result.history, "train_loss": result.train_loss}
     if path is not None:
@@ -130,6 +172,23 @@ def seed_rows(runs: dict[str, dict[str, Any]], steps: int) -> dict[str, dict[str
                       "step_ratio": None if reach is None else reach / steps,
                       "step_ratio_interpolated": None if interp is None else interp / steps}
     return rows
+
+
+def sweep_entry(run: dict[str, Any], best: dict[str, dict[str, Any]], runs: list[dict[str, Any]],
+                steps: int) -> dict[str, Any]:
+    """One row of the table of every configuration: settings, selection loss and, for reference, held-out numbers."""
+    entry = {"optimizer": run["optimizer"], "lr": run["lr"], "optimizer_args": run.get("optimizer_args", {}),
+             "diverged": run["diverged"], "chosen": run is best[run["optimizer"]],
+             "eligible": eligible(run, runs), "select_train_loss": run.get("select_train_loss")}
+    if not run["diverged"]:
+        adam = best["adamw"]["metrics"]
+        reach = steps_to_reach(run["history"], adam["held_out_loss"])
+        interp = steps_to_reach_interpolated(run["history"], adam["held_out_loss"])
+        entry.update(held_out_loss=run["metrics"]["held_out_loss"],
+                     state_vs_adamw=run["metrics"]["optimizer_state_bytes"] / adam["optimizer_state_bytes"],
+                     steps_to_adamw_final=reach, step_ratio=None if reach is None else reach / steps,
+                     step_ratio_interpolated=None if interp is None else interp / steps)
+    return entry
 
 
 def summarise(best: dict[str, dict[str, Any]], steps: int,
@@ -259,15 +318,20 @@ def markdown(results: dict[str, Any], command: str) -> str:
         lines.append("| mean | " + " | ".join(cells) + f" | {means['adamw']['held_out_loss']:.4f} |")
     lines += ["", "Targets" + (" (the loss and step targets must hold on every seed)" if len(seeds) > 1 else "") +
               ": " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in summary["targets"].items()) + ".", "",
-              f"Learning-rate sweep (seed {s['sweep_seed']}; final training loss, mean of the last 10 % of steps; "
-              "held-out loss for reference):",
-              "", "| optimizer | lr | training loss | held-out loss |", "|---|---|---|---|"]
+              f"Every configuration run (seed {s['sweep_seed']}): the lr grids, then the settings beyond the lr "
+              "at the chosen lr (VARIANTS in the script). Chosen by the final training loss (mean of the last 10 % "
+              "of steps) among those whose state fits the memory target; held-out loss and steps to AdamW's final "
+              "for reference only:",
+              "", "| optimizer | lr | settings beyond lr | training loss | held-out loss | state vs AdamW | "
+              "steps to AdamW's final |", "|---|---|---|---|---|---|---|"]
     for run in results["sweep"]:
+        extra = ", ".join(f"{k}={json.dumps(v)}" for k, v in run.get("optimizer_args", {}).items()) or "—"
+        mark = " **(chosen)**" if run.get("chosen") else ""
         if run["diverged"]:
-            lines.append(f"| {run['optimizer']} | {run['lr']:g} | diverged | — |")
+            lines.append(f"| {run['optimizer']} | {run['lr']:g} | {extra} | diverged | — | — | — |")
         else:
-            lines.append(f"| {run['optimizer']} | {run['lr']:g} | {run['select_train_loss']:.4f} | "
-                         f"{run['held_out_loss']:.4f} |")
+            lines.append(f"| {run['optimizer']} | {run['lr']:g} | {extra}{mark} | {run['select_train_loss']:.4f} | "
+                         f"{run['held_out_loss']:.4f} | {run['state_vs_adamw']:.2f} | {_ratio(run)} |")
     lines += ["", "Optimizer arguments beyond lr: " + "; ".join(
         f"{n}: {json.dumps(r['optimizer_kwargs'])}" for n, r in summary["rows"].items()) + ".",
         "", "![held-out loss per step](img/optim_lm_loss.png)"]
@@ -307,9 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     corpus = load_pydoc_topics(train.held_out)
     started = time.time()
 
-    def run(name: str, lr: float, seed: int) -> dict[str, Any]:
-        result = run_one(name, lr, model, train.replace(seed=seed), corpus, args.cache)
-        print(f"[{time.time() - started:6.0f} s] seed {seed} {name} lr={lr:g}: " +
+    def run(name: str, lr: float, seed: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        result = run_one(name, lr, model, train.replace(seed=seed), corpus, args.cache, extra)
+        print(f"[{time.time() - started:6.0f} s] seed {seed} {name} lr={lr:g} {json.dumps(extra or {})}: " +
               (f"train {result['select_train_loss']:.4f}, held-out {result['metrics']['held_out_loss']:.4f}"
                if not result["diverged"] else "diverged"), file=sys.stderr, flush=True)
         return result
@@ -318,13 +382,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, lrs in grids.items():
         ladder = None if args.quick else LADDER.get(name)
         sweep += sweep_lrs(name, lrs, ladder, lambda lr, name=name: run(name, lr, args.seeds[0]))
-    best = {}
-    for name in names:
-        done = [r for r in sweep if r["optimizer"] == name and not r["diverged"]]
-        if not done:
-            raise FloatingPointError(f"{name}: every lr of {grids[name]} diverged")
-        best[name] = min(done, key=lambda r: r["select_train_loss"])
-    others = {seed: {name: run(name, best[name]["lr"], seed) for name in names} for seed in args.seeds[1:]}
+    best = {name: choose(sweep, name, grids[name]) for name in names}
+    for name in ([] if args.quick else names):  # settings beyond the lr, at the lr the sweep chose
+        base_lr = best[name]["lr"]
+        for extra in VARIANTS.get(name, []):
+            sweep.append(run(name, extra.get("lr", base_lr), args.seeds[0], variant_args(extra)))
+        best[name] = choose(sweep, name, grids[name])
+    others = {seed: {name: run(name, best[name]["lr"], seed, best[name].get("optimizer_args"))
+                     for name in names} for seed in args.seeds[1:]}
     per_seed = {args.seeds[0]: seed_rows(best, train.steps)}
     per_seed.update({seed: seed_rows(runs, train.steps) for seed, runs in others.items()})
     summary = summarise(best, train.steps, per_seed)
@@ -336,10 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                             "sweep": grids, "ladder": None if args.quick else LADDER,
                             "swept": {n: sorted(r["lr"] for r in sweep if r["optimizer"] == n) for n in names}},
                "summary": summary,
-               "sweep": [{"optimizer": r["optimizer"], "lr": r["lr"], "diverged": r["diverged"],
-                          "select_train_loss": r.get("select_train_loss"),
-                          "held_out_loss": r["metrics"]["held_out_loss"] if not r["diverged"] else None}
-                         for r in sweep],
+               "sweep": [sweep_entry(r, best, sweep, train.steps) for r in sweep],
                "curves": {n: {"lr": r["lr"], "history": r["history"], "train_loss": r["train_loss"]}
                           for n, r in best.items()},
                "seed_curves": {str(seed): {n: {"lr": r["lr"], "history": r["history"]} for n, r in runs.items()
