@@ -229,6 +229,18 @@ def encode_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+def _json_text(name: str, item: str | bytes) -> str:
+    """A BYTES element as a JSON string; bytes that are not UTF-8 (a bitstream, a ciphertext) cannot be one
+    without loss, so they are refused rather than silently replaced."""
+    if isinstance(item, str):
+        return item
+    try:
+        return bytes(item).decode("utf-8")
+    except UnicodeDecodeError:
+        raise DatatypeMismatch(f"output '{name}': BYTES element is not UTF-8 (expected text for JSON output, received "
+                               f"{len(item)} binary bytes); request it with parameters.binary_data: true") from None
+
+
 def encode_response(response: InferResponse) -> tuple[bytes, int | None]:
     """Encode a response; returns the body and the JSON header length (None when the body is JSON only)."""
     outputs, blobs = [], []
@@ -243,7 +255,7 @@ def encode_response(response: InferResponse) -> tuple[bytes, int | None]:
             raise DatatypeMismatch(f"output '{name}': FP16 cannot travel as JSON; request it with "
                                    "parameters.binary_data: true")
         elif datatype == "BYTES":
-            entry["data"] = [b if isinstance(b, str) else bytes(b).decode("utf-8", "replace") for b in array.ravel().tolist()]
+            entry["data"] = [_json_text(name, b) for b in array.ravel().tolist()]
         else:
             entry["data"] = np.ascontiguousarray(array).ravel()
         outputs.append(entry)

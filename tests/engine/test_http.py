@@ -130,6 +130,22 @@ def test_infer_binary_all_dtypes_roundtrip(client, oip) -> None:
     assert out["text_out"].tolist() == text.tolist()
 
 
+def test_non_utf8_bytes_output_as_json_is_refused_not_mangled() -> None:
+    """A bitstream or ciphertext output asked for as JSON: a clear error, never U+FFFD replacements."""
+    from veil.engine.errors import DatatypeMismatch
+    from veil.engine.protocol import InferResponse, encode_response
+
+    out = np.array([b"\x89PNG\xff\x00"], dtype=object)
+    as_json = InferResponse("codec", "1", {"bitstream": out}, {"bitstream": "BYTES"}, {"bitstream": False})
+    with pytest.raises(DatatypeMismatch, match=r"output 'bitstream'.*binary_data"):
+        encode_response(as_json)
+    text, n = encode_response(InferResponse("codec", "1", {"bitstream": out}, {"bitstream": "BYTES"},
+                                            {"bitstream": True}))
+    assert n is not None and text[n + 4:] == out[0]  # 4-byte length prefix, then the raw bytes
+    utf8 = InferResponse("m", "1", {"t": np.array([b"caf\xc3\xa9"], dtype=object)}, {"t": "BYTES"}, {"t": False})
+    assert json.loads(encode_response(utf8)[0])["outputs"][0]["data"] == ["café"]
+
+
 def test_infer_binary_mixed_outputs_and_selection(client, oip) -> None:
     body, headers = oip.binary_body([("x", "FP32", X)], outputs=[("y", True)])
     r = client.post("/v2/models/affine/infer", content=body, headers=headers)
