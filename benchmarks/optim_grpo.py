@@ -16,7 +16,7 @@ cleaner or noisier warm start); its summary is added to docs/results/optim_grpo.
 far is listed in the section. Writes docs/results/optim_grpo.json, the optim_grpo section of docs/results.md and
 docs/img/optim_grpo_reward.png (main run only).
 
-    python benchmarks/optim_grpo.py                       # main: 7 methods x 3 seeds + lr grid (~12 min, 1 core)
+    python benchmarks/optim_grpo.py                       # main: 7 methods x 3 seeds + lr grid (~13 min, 1 core)
     python benchmarks/optim_grpo.py --variant minibatch2  # one variant: 6 methods x 3 seeds (~6 min)
     python benchmarks/optim_grpo.py --quick --out /tmp/docs   # smoke: 2 methods, 1 seed, 6 steps
 """
@@ -146,6 +146,19 @@ def lr_sweep(task: ToySortConfig, seeds: list[int], steps: int, main_runs: list[
     return rows
 
 
+def verdict(summary: list[dict[str, Any]]) -> str:
+    """The target, stated before the runs: AR and Lopti each above plain GRPO on held-out final reward on every
+    seed, and Lopti's gain larger than its step-matched control's (grpo_2epochs)."""
+    rows = {r["method"]: r for r in summary}
+    if not {"grpo", "ar", "lopti", "grpo_2epochs"} <= set(rows):
+        return "—"
+    ar, lopti, ctrl = (rows[m]["gap_eval"] for m in ("ar", "lopti", "grpo_2epochs"))
+    ok = (ar["mean"] > 0 and ar["higher"] == ar["seeds"] and lopti["mean"] > max(0.0, ctrl["mean"])
+          and lopti["higher"] == lopti["seeds"])
+    return (f"{'met' if ok else 'not met'} (AR {ar['mean']:+.3f}, {ar['higher']}/{ar['seeds']} seeds; Lopti "
+            f"{lopti['mean']:+.3f} vs step-matched control {ctrl['mean']:+.3f})")
+
+
 def markdown(results: dict[str, Any], command: str) -> str:
     lines = ["### GRPO vs Advantage Reweighting vs Lopti on the toy sort task", ""]
     main = results.get("main")
@@ -174,6 +187,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
                          f"{fmt_gap(r['gap_eval']) if gap else '—'} | {r['train_all_mean']:.3f} ± "
                          f"{r['train_all_std']:.3f} | {fmt_gap(r['gap_train']) if gap else '—'} | "
                          f"{100 * r['high_prob_direction']:.1f} % | {r['seconds']:.0f} |")
+        lines += ["", f"**Target (AR and Lopti above plain GRPO at equal steps): {verdict(main['summary'])}.**"]
         share = main["initial_gradient_share"]
         lines += ["", f"First batch, low-probability tokens' (π_old < 0.5) share of the policy-gradient norm: plain "
                   f"{share['plain']:.3f}, with AR (α = 0.2) {share['ar']:.3f} (mean over seeds). High-prob tokens "
@@ -184,15 +198,15 @@ def markdown(results: dict[str, Any], command: str) -> str:
     if variants:
         lines += ["Variants (`python benchmarks/optim_grpo.py --variant NAME`; same protocol, seeds and steps as "
                   "the main run; paired held-out final / paired train reward over all steps vs plain GRPO):", "",
-                  "| variant | grpo held-out start → final | " + " | ".join(VARIANT_METHODS[1:]) + " |",
-                  "|---|---|" + "---|" * (len(VARIANT_METHODS) - 1)]
+                  "| variant | seeds | grpo held-out start → final | " + " | ".join(VARIANT_METHODS[1:])
+                  + " | target |", "|---|---|---|" + "---|" * len(VARIANT_METHODS)]
         for name, v in variants.items():
             rows = {r["method"]: r for r in v["summary"]}
             g = rows["grpo"]
             cells = [f"{fmt_gap(rows[m]['gap_eval'])} / {rows[m]['gap_train']['mean']:+.3f}" if m in rows else "—"
                      for m in VARIANT_METHODS[1:]]
-            lines.append(f"| {name}: {v['what']} | {g['eval_start']:.3f} → {g['eval_final_mean']:.3f} | "
-                         + " | ".join(cells) + " |")
+            lines.append(f"| {name}: {v['what']} | {len(v['seeds'])} | {g['eval_start']:.3f} → "
+                         f"{g['eval_final_mean']:.3f} | " + " | ".join(cells) + f" | {verdict(v['summary'])} |")
     return "\n".join(lines).rstrip()
 
 
@@ -230,8 +244,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", choices=list(VARIANTS), default="main", help="the setting to measure")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=200, help="RL steps per run")
+    parser.add_argument("--render", action="store_true", help="only rewrite the section from the stored JSON")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    stored = args.out / "results" / f"{SECTION}.json"
+    old = json.loads(stored.read_text()) if stored.exists() else {}
+    results = {"main": old.get("main"), "variants": old.get("variants", {})}
+    if args.render:
+        results["summary"] = results["main"]["summary"] if results["main"] else []
+        save_results(args.out, SECTION, results, markdown(results, ""))
+        return 0
     torch.set_num_threads(1)
     what, task_overrides, overrides = VARIANTS[args.variant]
     task = ToySortConfig(**task_overrides)
@@ -251,9 +273,6 @@ def main(argv: list[str] | None = None) -> int:
               "initial_gradient_share": {k: statistics.fmean(s[k] for s in shares) for k in ("plain", "ar")},
               "summary": summarise(runs, methods, tail), "command": command_line(__file__, argv),
               "environment": environment("1 thread", torch=torch.__version__)}
-    stored = args.out / "results" / f"{SECTION}.json"
-    old = json.loads(stored.read_text()) if stored.exists() else {}
-    results = {"main": old.get("main"), "variants": old.get("variants", {})}
     if args.variant == "main":
         record["runs"] = runs
         record["lr_sweep"] = [] if args.quick else lr_sweep(task, seeds, steps, runs)
