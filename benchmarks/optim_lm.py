@@ -6,11 +6,14 @@ Adam's final perplexity in ~2x fewer steps. Here the same seed, text (pydoc topi
 (tiny preset, 0.92 M parameters) and schedule (10 % warm-up, cosine to 10 %) are used for every optimizer; each
 gets its lr from a small sweep on the first seed, picked by the lowest final *training* loss (mean of the last 10 %
 of steps), and extended past any edge of its grid that wins, so the held-out text never chooses anything; further
-seeds rerun the chosen configurations. Settings beyond the lr (VARIANTS: AdamW's β2, weight decay and an lr between grid points; Alice's paper hyperparameters one at a time, then combined) run at the chosen lr and are selected by the same rule, among configurations whose state fits the memory target. Targets: Alice reaches AdamW's final held-out loss in <= 0.6x the steps; RACS ends
-within 5 % of AdamW's held-out loss (or below it); optimizer state <= 1/2 of Adam's. Writes
-docs/results/optim_lm.json, docs/img/optim_lm_loss.png and the optim_lm section of docs/results.md.
+seeds rerun the chosen configurations. Settings beyond the lr (VARIANTS: AdamW's β2, weight decay and an
+lr between grid points; Alice's paper hyperparameters one at a time, then combined) run at the chosen lr and are
+selected by the same rule, among configurations whose state fits the memory target; a control (AdamW with the
+embeddings and norms at Alice's lr) is reported beside them. Targets: Alice reaches AdamW's final held-out loss in
+<= 0.6x the steps; RACS ends within 5 % of AdamW's held-out loss (or below it); optimizer state <= 1/2 of Adam's.
+Writes docs/results/optim_lm.json, docs/img/optim_lm_loss.png and the optim_lm section of docs/results.md.
 
-    python benchmarks/optim_lm.py            # 900 steps, seed 0, 10 runs (51 min of training on 2 shared cores)
+    python benchmarks/optim_lm.py            # 900 steps, seed 0, 27 runs (about 100 min of training on 2 shared cores)
     python benchmarks/optim_lm.py --steps 300 --seeds 0 --cache /tmp/optim_lm   # the earlier, shorter setting
     python benchmarks/optim_lm.py --quick --out /tmp/docs   # smoke: micro preset, 30 steps, one lr each
 """
@@ -23,7 +26,8 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,18 +53,50 @@ LADDER: dict[str, list[float]] = {"adamw": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2],
                                   "alice": [0.005, 0.01, 0.02, 0.05, 0.1, 0.2]}
 
 # Settings beyond the lr, each run once at the lr the grid sweep chose (an "lr" key overrides it), with the same
-# selection rule (lowest final training loss). Written down before they ran (docs/results.md lists every run):
-# AdamW gets its usual alternatives (β2 = 0.95, weight decay 0.1, lr 2e-3 between its two best grid points); Alice
-# gets one change at a time from the paper's settings: an Adam lr of 2e-3 for the embeddings and norms (AdamW's
-# range; by default they share Alice's 0.02), Q̃ rotated into the new basis at a switch, K = 1 % of the steps,
-# r = hidden/2 (r/d = 1/2; its state exceeds 1/2 of Adam's, so it is shown but not eligible), α_c = 0.8.
+# selection rule (lowest final training loss). Stage 1 was written down before anything ran: AdamW gets its usual
+# alternatives (β2 = 0.95, weight decay 0.1, lr 2e-3 between its two best grid points); Alice gets one change at a
+# time from the paper's settings: an Adam lr of 2e-3 for the embeddings and norms (AdamW's range; by default they
+# share Alice's 0.02), Q̃ rotated into the new basis at a switch, K = 1 % of the steps, r = hidden/2 (r/d = 1/2; its
+# state exceeds 1/2 of Adam's, so it is shown but not eligible), α_c = 0.8. Stage 2 (rule fixed before stage 1
+# ended): the stage-1 changes that lowered the training loss together, the same with K = 5, and the better of the
+# two at the neighbouring lrs 0.01 and 0.05. Stage 3 (added after seeing stages 1-2): α_c = 0.2 and an Adam lr of
+# 0.05 on the best eligible configuration so far.
+_ALICE_BEST = {"rotate_tracking": True, "update_interval": 9}
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     "adamw": [{"betas": [0.9, 0.95]}, {"weight_decay": 0.1}, {"lr": 2e-3}],
     "alice": [{"adam_lr": 2e-3}, {"rotate_tracking": True}, {"update_interval": 9}, {"rank": 64, "leading": 20},
-              {"alpha_c": 0.8}],
+              {"alpha_c": 0.8},
+              _ALICE_BEST, {**_ALICE_BEST, "update_interval": 5}, {**_ALICE_BEST, "lr": 0.01},
+              {**_ALICE_BEST, "lr": 0.05},
+              {**_ALICE_BEST, "alpha_c": 0.2}, {**_ALICE_BEST, "adam_lr": 0.05}],
 }
 # Optimizers whose chosen configuration must keep its state within this share of AdamW's (the memory target).
 STATE_LIMIT: dict[str, float] = {"racs": 0.5, "alice": 0.5}
+
+# A control outside the selection: AdamW with the embeddings and norms at 0.02, the lr Alice and RACS give the
+# parameters they train with Adam (matrix_param_groups), the linear weights at AdamW's grid lr. Alice's steps to
+# its final held-out loss are reported beside the target's (against the selected AdamW).
+CONTROL: dict[str, Any] = {"optimizer": "adamw", "lr": 1e-3, "optimizer_args": {"adam_lr": 0.02}}
+
+
+@contextmanager
+def adamw_split_lr() -> Iterator[None]:
+    """Let ``build_optimizer("adamw", model, ..., adam_lr=x)`` (which the trainer calls) train the linear weights
+    at ``lr`` and everything else (embeddings, norms) at ``x``, split as for RACS/Alice (``matrix_param_groups``)."""
+    import veil.training.optim as optim
+
+    original = optim.build_optimizer
+
+    def build(name: str, model: Any, lr: float, adam_lr: float | None = None, **kwargs: Any) -> Any:
+        if name != "adamw" or adam_lr is None:
+            return original(name, model, lr=lr, **({} if adam_lr is None else {"adam_lr": adam_lr}), **kwargs)
+        return torch.optim.AdamW(optim.matrix_param_groups(model, (), rest={"lr": adam_lr}), lr=lr, **kwargs)
+
+    optim.build_optimizer = build
+    try:
+        yield
+    finally:
+        optim.build_optimizer = original
 
 
 def variant_args(extra: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +139,8 @@ def run_one(name: str, lr: float, model: LMModelConfig, train: LMTrainConfig, co
     if path is not None and path.exists():
         return json.loads(path.read_text())
     try:
-        result = train_lm(model, config, corpus, progress=False)
+        with adamw_split_lr():
+            result = train_lm(model, config, corpus, progress=False)
     except FloatingPointError as exc:
         run = {"optimizer": name, "lr": lr, "seed": train.seed, "optimizer_args": args, "diverged": str(exc)}
     else:
@@ -189,6 +226,22 @@ def sweep_entry(run: dict[str, Any], best: dict[str, dict[str, Any]], runs: list
                      steps_to_adamw_final=reach, step_ratio=None if reach is None else reach / steps,
                      step_ratio_interpolated=None if interp is None else interp / steps)
     return entry
+
+
+def control_entry(control: dict[str, Any] | None, best: dict[str, dict[str, Any]],
+                  steps: int) -> dict[str, Any] | None:
+    """The control run's final losses and the steps each chosen optimizer needs to reach its final held-out loss."""
+    if control is None or control["diverged"]:
+        return None if control is None else {**CONTROL, "diverged": control["diverged"]}
+    final = control["metrics"]["held_out_loss"]
+    reach = {}
+    for name, run in best.items():
+        at = steps_to_reach(run["history"], final)
+        interp = steps_to_reach_interpolated(run["history"], final)
+        reach[name] = {"steps": at, "step_ratio": None if at is None else at / steps,
+                       "step_ratio_interpolated": None if interp is None else interp / steps}
+    return {**CONTROL, "diverged": None, "select_train_loss": control["select_train_loss"], "held_out_loss": final,
+            "reach": reach, "history": control["history"]}
 
 
 def summarise(best: dict[str, dict[str, Any]], steps: int,
@@ -316,10 +369,21 @@ def markdown(results: dict[str, Any], command: str) -> str:
             if means[n]["step_ratio"] is not None and means[n]["step_ratio_interpolated"] is not None else "—")
             if means[n]["held_out_loss"] is not None else "— | —" for n in summary["rows"] if n != "adamw"]
         lines.append("| mean | " + " | ".join(cells) + f" | {means['adamw']['held_out_loss']:.4f} |")
+    control = results.get("control")
+    if control and not control["diverged"]:
+        lines += ["", f"Control (not selectable): AdamW with the embeddings and norms at lr "
+                  f"{control['optimizer_args']['adam_lr']:g} — the lr Alice and RACS train them with, by Adam — and "
+                  f"the linear weights at {control['lr']:g}: training loss {control['select_train_loss']:.4f}, "
+                  f"held-out {control['held_out_loss']:.4f}. Steps to reach that held-out loss: " + "; ".join(
+                      f"{n} " + ("never" if r["steps"] is None else f"{r['steps']} ({r['step_ratio']:.2f}x" + (
+                          f"; {r['step_ratio_interpolated']:.2f}x interpolated)"
+                          if r["step_ratio_interpolated"] is not None else ")"))
+                      for n, r in control["reach"].items()) + "."]
     lines += ["", "Targets" + (" (the loss and step targets must hold on every seed)" if len(seeds) > 1 else "") +
               ": " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in summary["targets"].items()) + ".", "",
               f"Every configuration run (seed {s['sweep_seed']}): the lr grids, then the settings beyond the lr "
-              "at the chosen lr (VARIANTS in the script). Chosen by the final training loss (mean of the last 10 % "
+              "at the chosen lr (VARIANTS in the script: one change at a time, stated before any ran, then combinations "
+              "and lr neighbours of the best, chosen after seeing those). Chosen by the final training loss (mean of the last 10 % "
               "of steps) among those whose state fits the memory target; held-out loss and steps to AdamW's final "
               "for reference only:",
               "", "| optimizer | lr | settings beyond lr | training loss | held-out loss | state vs AdamW | "
@@ -383,11 +447,14 @@ def main(argv: list[str] | None = None) -> int:
         ladder = None if args.quick else LADDER.get(name)
         sweep += sweep_lrs(name, lrs, ladder, lambda lr, name=name: run(name, lr, args.seeds[0]))
     best = {name: choose(sweep, name, grids[name]) for name in names}
+    grid_runs = list(sweep)
     for name in ([] if args.quick else names):  # settings beyond the lr, at the lr the sweep chose
         base_lr = best[name]["lr"]
         for extra in VARIANTS.get(name, []):
             sweep.append(run(name, extra.get("lr", base_lr), args.seeds[0], variant_args(extra)))
         best[name] = choose(sweep, name, grids[name])
+    control = None if args.quick or "adamw" not in names else run(
+        CONTROL["optimizer"], CONTROL["lr"], args.seeds[0], CONTROL["optimizer_args"])
     others = {seed: {name: run(name, best[name]["lr"], seed, best[name].get("optimizer_args"))
                      for name in names} for seed in args.seeds[1:]}
     per_seed = {args.seeds[0]: seed_rows(best, train.steps)}
@@ -399,8 +466,9 @@ def main(argv: list[str] | None = None) -> int:
                             "warmup": train.warmup, "min_lr_ratio": train.min_lr_ratio, "eval_every": train.eval_every,
                             "eval_blocks": train.eval_blocks, "held_out_bytes": len(corpus.held_out),
                             "sweep": grids, "ladder": None if args.quick else LADDER,
-                            "swept": {n: sorted(r["lr"] for r in sweep if r["optimizer"] == n) for n in names}},
+                            "swept": {n: sorted(r["lr"] for r in grid_runs if r["optimizer"] == n) for n in names}},
                "summary": summary,
+               "control": control_entry(control, best, train.steps),
                "sweep": [sweep_entry(r, best, sweep, train.steps) for r in sweep],
                "curves": {n: {"lr": r["lr"], "history": r["history"], "train_loss": r["train_loss"]}
                           for n, r in best.items()},

@@ -44,3 +44,21 @@ def test_variants_are_valid_arguments(load_benchmark) -> None:
             model.zero_grad()
             model(input_ids=x, labels=x).loss.backward()
             opt.step()
+
+
+def test_control_adamw_trains_embeddings_and_norms_at_their_own_lr(load_benchmark) -> None:
+    import torch
+    import veil.training.optim as optim
+    from veil.training.lm import PRESETS, LMModelConfig
+    from veil.training.lm.model import build_lm
+
+    module = load_benchmark("optim_lm")
+    model = build_lm(LMModelConfig(**PRESETS["micro"]), seed=0)
+    with module.adamw_split_lr():
+        opt = optim.build_optimizer("adamw", model, lr=1e-3, adam_lr=0.02, weight_decay=0.0)
+        alice = optim.build_optimizer("alice", model, lr=0.02, adam_lr=2e-3, rank=8, leading=2)
+    assert isinstance(opt, torch.optim.AdamW) and [g["lr"] for g in opt.param_groups] == [1e-3, 0.02]
+    rest = {id(p) for p in opt.param_groups[1]["params"]}
+    assert id(model.model.embed_tokens.weight) in rest and id(model.lm_head.weight) not in rest
+    assert [g["lr"] for g in alice.param_groups] == [0.02, 2e-3]
+    assert optim.build_optimizer is not None and "adam_lr" not in optim.build_optimizer.__code__.co_varnames
