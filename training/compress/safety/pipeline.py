@@ -39,7 +39,8 @@ class PipelineConfig(Config):
 
     preset: Literal["micro", "tiny", "small"] = field("tiny", "model size (veil.training.lm PRESETS)")
     seed: int = field(0, "seed of the data draws, the initialisation and the batch order")
-    align_steps: int = field(600, "alignment SFT steps from random init")
+    align_steps: int = field(2000, "alignment SFT steps from random init (600 left the tiny preset at 3-10 % "
+                                   "benign utility: it could not yet copy a word)")
     align_lr: float = field(3e-3, "alignment peak learning rate (warm-up + cosine)")
     align_benign: int = field(2400, "benign rule-task examples in the alignment data")
     align_harmful: int = field(600, "harmful -> refusal examples in the alignment data")
