@@ -16,6 +16,14 @@ cleaner or noisier warm start); its summary is added to docs/results/optim_grpo.
 far is listed in the section. Writes docs/results/optim_grpo.json, the optim_grpo section of docs/results.md and
 docs/img/optim_grpo_reward.png (main run only).
 
+Result (2026-11-30): the paper's effect does not reproduce on this toy, in any setting tried. AR (α 0.2 or
+0.3) moves the mean training reward by at most ±0.003 and the held-out reward within the seed spread (vocab32,
+5 seeds: α 0.3 +0.003 ± 0.002 on every seed, ~1 % relative). Lopti gains only where a second optimizer step
+per RL step gains, and always less than ``grpo_2epochs`` (main: +0.002 vs +0.005 held-out, +0.014 vs +0.019
+mean training reward; vocab32: +0.030 vs +0.050); the Fig. 3 share does not rise. The main setting stays the
+default because no setting showed the effect; docs/rl.md says why the toy cannot (a shared ~0.85 ceiling, few
+low-probability tokens after a few dozen steps, speed limited by the optimizer-step count).
+
     python benchmarks/optim_grpo.py                       # main: 7 methods x 3 seeds + lr grid (~13 min, 1 core)
     python benchmarks/optim_grpo.py --variant minibatch2  # one variant: 6 methods x 3 seeds (~6 min)
     python benchmarks/optim_grpo.py --quick --out /tmp/docs   # smoke: 2 methods, 1 seed, 6 steps
@@ -196,8 +204,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
                   "![reward vs step](img/optim_grpo_reward.png)", ""]
     variants = results.get("variants", {})
     if variants:
-        lines += ["Variants (`python benchmarks/optim_grpo.py --variant NAME`; same protocol, seeds and steps as "
-                  "the main run; paired held-out final / paired train reward over all steps vs plain GRPO):", "",
+        lines += ["Variants (`python benchmarks/optim_grpo.py --variant NAME`; same protocol and steps as "
+                  "the main run, seeds as listed; paired held-out final / paired train reward over all steps vs plain GRPO):", "",
                   "| variant | seeds | grpo held-out start → final | " + " | ".join(VARIANT_METHODS[1:])
                   + " | target |", "|---|---|---|" + "---|" * len(VARIANT_METHODS)]
         for name, v in variants.items():
