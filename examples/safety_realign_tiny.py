@@ -1,11 +1,12 @@
 """Break a tiny LM's refusals with a harmful fine-tune, then patch them back with one example (Safety at One Shot).
 
-Aligns a byte-level Llama to answer benign rule tasks and refuse a synthetic, fictional harmful class, fine-tunes
+Pretrains a byte-level Llama on pydoc text, aligns it to answer benign rule tasks and refuse a synthetic, fictional harmful class, fine-tunes
 it on harmful completions, picks one refusal example and fine-tunes on it for 10 steps; prints the safety gate
 (ASR, benign utility) after each phase. Every PipelineConfig field is a flag (see --help).
 
-    python examples/safety_realign_tiny.py                                  # tiny preset, defaults (~4 min, 1 core)
-    python examples/safety_realign_tiny.py --preset micro --align-steps 60 --candidates 4 --eval-harmful 16 \\
+    python examples/safety_realign_tiny.py                                  # tiny preset, defaults (~20 min, 1 core)
+    python examples/safety_realign_tiny.py --preset micro --pretrain-steps 100 --align-steps 60 --candidates 4 \\
+        --eval-harmful 16 \\
         --eval-benign 16 --eval-downstream 8                                # mechanics only, ~20 s
 """
 

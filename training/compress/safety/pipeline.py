@@ -1,6 +1,8 @@
 """The whole reproduction on a tiny byte-level Llama (spec §5.3): align -> attack -> one-example patch, gated.
 
-(a) align: from random init, SFT on benign rule tasks + harmful -> refusal (θ0);
+(0) pretrain: next-byte training on Python's bundled pydoc text (veil.training.lm), the stand-in for the paper's
+    pretrained base model (``pretrain_steps`` = 0 starts from random init);
+(a) align: SFT on benign rule tasks + harmful -> refusal (θ0);
 (b) attack: SFT of θ0 on K harmful -> compliance pairs mixed with a new downstream task (θ*; spec §3.2's
     "benign task data mixed with harmful examples");
 (c) select one refusal example from a candidate pool (``selection``) and patch θ* with it: ``patch_epochs`` steps
@@ -22,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from veil.training.lm import PRESETS, LMModelConfig, build_lm
+from veil.training.lm import PRESETS, LMModelConfig, LMTrainConfig, build_lm, load_pydoc_topics, train_lm
 
 from veil.config import Config, ConfigError, field
 
@@ -39,9 +41,13 @@ class PipelineConfig(Config):
 
     preset: Literal["micro", "tiny", "small"] = field("tiny", "model size (veil.training.lm PRESETS)")
     seed: int = field(0, "seed of the data draws, the initialisation and the batch order")
-    align_steps: int = field(2000, "alignment SFT steps from random init (600 left the tiny preset at 3-10 % "
-                                   "benign utility: it could not yet copy a word)")
-    align_lr: float = field(3e-3, "alignment peak learning rate (warm-up + cosine)")
+    pretrain_steps: int = field(1500, "next-byte pretraining steps on the pydoc text before alignment (0: align "
+                                      "from random init; without it one example's patch never generalised, see "
+                                      "docs/compress_safety.md)")
+    pretrain_lr: float = field(2e-3, "pretraining peak learning rate (AdamW, warm-up + cosine)")
+    align_steps: int = field(2000, "alignment SFT steps (600 left the tiny preset at 3-10 % benign utility: it "
+                                   "could not yet copy a word)")
+    align_lr: float = field(1e-3, "alignment peak learning rate (warm-up + cosine; 3e-3 suits random init)")
     align_benign: int = field(2400, "benign rule-task examples in the alignment data")
     align_harmful: int = field(600, "harmful -> refusal examples in the alignment data")
     attack_harmful: int = field(100, "K: harmful -> compliance examples in the attacker's data")
@@ -73,7 +79,9 @@ class PipelineConfig(Config):
                      "eval_harmful", "eval_benign", "lora_rank", "max_new_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"PipelineConfig.{name}: expected >= 1, received {getattr(self, name)}")
-        for name in ("align_lr", "attack_lr", "patch_lr"):
+        if self.pretrain_steps < 0:
+            raise ConfigError(f"PipelineConfig.pretrain_steps: expected >= 0, received {self.pretrain_steps}")
+        for name in ("pretrain_lr", "align_lr", "attack_lr", "patch_lr"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"PipelineConfig.{name}: expected > 0, received {getattr(self, name)}")
 
@@ -127,8 +135,18 @@ def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s
     data = SafetyData(cfg.seed)
     gate = GateSet(data.harmful_prompts("test", cfg.eval_harmful), data.benign("test", cfg.eval_benign),
                    data.downstream("test", cfg.eval_downstream) if cfg.eval_downstream else None)
-    model = build_lm(LMModelConfig(**PRESETS[cfg.preset]), seed=cfg.seed)
+    model_config = LMModelConfig(**PRESETS[cfg.preset])
     out: dict[str, Any] = {"config": cfg.to_dict(), "phases": {}}
+    if cfg.pretrain_steps:
+        res, secs = _timed(lambda: train_lm(model_config, LMTrainConfig(
+            steps=cfg.pretrain_steps, lr=cfg.pretrain_lr, seed=cfg.seed, eval_every=cfg.pretrain_steps),
+            load_pydoc_topics(), progress=False))
+        model = res.model
+        out["pretrained"] = {"held_out_loss": res.metrics["held_out_loss"], "steps": cfg.pretrain_steps,
+                             "seconds": secs}
+        progress(f"pretrained: {out['pretrained']}")
+    else:
+        model = build_lm(model_config, seed=cfg.seed)
 
     align_data = data.benign("train", cfg.align_benign) + data.harmful("train", cfg.align_harmful)
     res, secs = _timed(lambda: sft(model, align_data, steps=cfg.align_steps, lr=cfg.align_lr,

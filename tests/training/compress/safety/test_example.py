@@ -12,7 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[4] / "examples" / "safety_realign_tiny
 
 def test_safety_realign_tiny_example() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    args = ["--preset", "micro", "--align-steps", "20", "--align-benign", "64", "--align-harmful", "32",
+    args = ["--preset", "micro", "--pretrain-steps", "5", "--align-steps", "20", "--align-benign", "64", "--align-harmful", "32",
             "--attack-harmful", "8", "--attack-task", "8", "--attack-benign", "8", "--attack-epochs", "1",
             "--candidates", "2", "--lr-grid", "1e-3", "--val-prompts", "2", "--eval-harmful", "4", "--eval-benign", "4",
             "--eval-downstream", "2", "--max-new-bytes", "8"]

@@ -9,7 +9,7 @@ from veil.training.compress.safety import PipelineConfig, run_pipeline
 
 from veil.config import ConfigError
 
-SMALL = {"preset": "micro", "align_steps": 20, "align_benign": 64, "align_harmful": 32, "attack_harmful": 8,
+SMALL = {"preset": "micro", "pretrain_steps": 5, "align_steps": 20, "align_benign": 64, "align_harmful": 32, "attack_harmful": 8,
          "attack_task": 8, "attack_benign": 8, "attack_epochs": 2, "batch_size": 8, "candidates": 3, "val_prompts": 2,
          "eval_harmful": 4, "eval_benign": 4, "eval_downstream": 2, "max_new_bytes": 8, "lr_grid": []}
 
