@@ -1,9 +1,10 @@
 """One-example safety realignment on a tiny byte-level Llama: aligned -> harmful fine-tune -> one-example patch.
 
 Zhang et al., "Safety at One Shot: Patching Fine-Tuned LLMs with A Single Instance" (ICLR 2026, arXiv 2601.01887;
-spec §3, §5.3). Per seed: align a tiny LM (benign rule tasks + refusals of a synthetic, fictional harmful class),
+spec §3, §5.3). Per seed: pretrain a tiny LM on the bundled pydoc text, align it (benign rule tasks + refusals of a
+synthetic, fictional harmful class),
 break it with K = 100 harmful -> compliance pairs mixed with a downstream SQL-like task, then patch it with one
-refusal example chosen by the brute-forced bi-level objective over 32 candidates (10 epochs = 10 AdamW steps),
+refusal example chosen by the brute-forced bi-level objective over 16 candidates (10 epochs = 10 AdamW steps),
 and gate every phase on held-out prompts: ASR (keyword judge, greedy), benign utility and downstream accuracy
 (exact match). Controls: the paper's universal example, a random candidate, a benign example, k = 4/16/64 safety
 examples. Target: ASR >= 50 % after the attack, <= 10 % after the patch, benign utility within 2 points of the
@@ -62,7 +63,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def settings(cfg: dict[str, Any]) -> str:
     """One line describing a run's PipelineConfig (as a dict)."""
-    return (f"{cfg['preset']} preset, pretrain {cfg['pretrain_steps']} steps on pydoc text, align {cfg['align_steps']} steps, attack K={cfg['attack_harmful']} harmful + "
+    return (f"{cfg['preset']} preset, pretrain {cfg['pretrain_steps']} steps on pydoc text, align {cfg['align_steps']} "
+            f"steps, attack K={cfg['attack_harmful']} harmful + "
             f"{cfg['attack_task']} task + {cfg['attack_benign']} benign x {cfg['attack_epochs']} epochs at "
             f"{cfg['attack_lr']:g}, patch {cfg['patch_epochs']} epochs ({cfg['patch_mode']}) at the lr chosen from "
             f"{cfg['lr_grid'] or [cfg['patch_lr']]} by the selection objective on val prompts, selection "
@@ -106,6 +108,9 @@ def markdown(results: dict[str, Any], command: str) -> str:
               f"**{'met' if v['utility'] else 'missed'}**. One-example patch: {s['patch_seconds']:.2f} s.", "",
               "Selected examples: " + "; ".join(f"seed {r['config']['seed']}: {tuple(r['selection']['example'])} "
                                                 f"at lr {r['selection']['lr']:g}" for r in results["runs"]) + ".", "",
+              *([f"Pretrained base (before alignment): held-out pydoc loss "
+                 f"{mean(r['pretrained']['held_out_loss'] for r in results['runs']):.3f} nats/byte (seed mean).", ""]
+                if all("pretrained" in r for r in results["runs"]) else []),
               "Mechanism at θ* (means over weight matrices and seeds): " +
               ", ".join(f"{k} {v:.3f}" for k, v in s["mechanism"].items() if k != "matrices") + "."]
     return "\n".join(lines)
