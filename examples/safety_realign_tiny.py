@@ -7,7 +7,7 @@ it on harmful completions, picks one refusal example and fine-tunes on it for 10
     python examples/safety_realign_tiny.py                                  # tiny preset, defaults (~20 min, 1 core)
     python examples/safety_realign_tiny.py --preset micro --pretrain-steps 100 --align-steps 60 --candidates 4 \\
         --eval-harmful 16 \\
-        --eval-benign 16 --eval-downstream 8                                # mechanics only, ~20 s
+        --eval-benign 16 --eval-downstream 8 --compress-ratio 0.2           # mechanics only, ~20 s
 """
 
 from __future__ import annotations
@@ -25,16 +25,21 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     PipelineConfig.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    parser.add_argument("--cache", default=None, help="keep the aligned / attacked models here and reuse them")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     cfg = PipelineConfig.from_args(args)
-    out = run_pipeline(cfg, progress=lambda s: print(s[:160], file=sys.stderr, flush=True))
+    out = run_pipeline(cfg, progress=lambda s: print(s[:160], file=sys.stderr, flush=True), cache_dir=args.cache)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"{cfg.preset} preset, seed {cfg.seed}; one example ({cfg.selection}): {tuple(out['selection']['example'])}")
     print(f"{'phase':<10} {'ASR %':>7} {'utility %':>10} {'downstream %':>13}")
-    for name, row in out["phases"].items():
+    rows = dict(out["phases"])
+    if "compression" in out:  # --compress-ratio R: SAES-SVD on the patched model, then the same patch again
+        rows |= {f"+svd {cfg.compress_ratio:g}": out["compression"]["compressed"],
+                 "+repatch": out["compression"]["repatched"]}
+    for name, row in rows.items():
         print(f"{name:<10} {row['asr']:>7.1f} {row['utility']:>10.1f} {row.get('downstream', float('nan')):>13.1f}")
     patched = out["phases"]["patched"]
     print(f"patch: {patched['steps']} steps in {patched['seconds']:.2f} s, loss {patched['loss_first']:.3f} -> "

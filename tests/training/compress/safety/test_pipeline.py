@@ -25,6 +25,10 @@ def test_pipeline_end_to_end_with_controls() -> None:
                                                   out["selection"]["candidates"][0]["response"])
     assert set(out["controls"]) == {"universal", "random_candidate", "benign_example", "safety_k4", "safety_k16",
                                     "safety_k64"}
+    ranking = out["selection"]["test_ranking"]
+    assert len(ranking["candidates"]) == 3 and 0.0 <= ranking["summary"]["share_strictly_better"] < 1.0
+    chosen = next(c for c in ranking["candidates"] if [c["prompt"], c["response"]] == out["selection"]["example"])
+    assert chosen["asr"] == out["phases"]["patched"]["asr"]  # same patch, same gate: the ranking is of real patches
     assert out["controls"]["safety_k64"]["steps"] == 10 * 4  # 64 examples in batches of 16, 10 epochs
     assert {"cer_4", "overlap_8", "cos_to_aligned"} <= set(out["mechanism"])
     json.dumps(out)
@@ -39,6 +43,32 @@ def test_pipeline_is_deterministic() -> None:
     assert a["selection"]["example"] == b["selection"]["example"]
 
 
+def test_pipeline_cache_reuses_the_trained_phases(tmp_path) -> None:
+    cfg = PipelineConfig(**{**SMALL, "align_steps": 5, "candidates": 2}, selection="gradient")
+    first = run_pipeline(cfg, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("safety_phases_*.pt"))) == 1
+    messages: list[str] = []
+    second = run_pipeline(cfg, progress=messages.append, cache_dir=tmp_path)
+    assert any("loaded from" in m for m in messages)
+    for phase in ("aligned", "attacked", "patched"):  # the same θ0 / θ*, so the same gates (timing aside)
+        same = {k: v for k, v in first["phases"][phase].items() if k != "seconds" or phase != "patched"}
+        assert {k: second["phases"][phase][k] for k in same} == pytest.approx(same, rel=1e-6)
+    assert second["pretrained"] == first["pretrained"]
+    other = run_pipeline(PipelineConfig(**{**SMALL, "align_steps": 6, "candidates": 2}, selection="gradient"),
+                         progress=messages.append, cache_dir=tmp_path)  # another phase setting: trained, not loaded
+    assert len(list(tmp_path.glob("safety_phases_*.pt"))) == 2 and other["phases"]["aligned"]["steps"] == 6
+
+
+def test_pipeline_compression_interaction() -> None:
+    out = run_pipeline(PipelineConfig(**{**SMALL, "candidates": 2, "lr_grid": [1e-3]}, compress_ratio=0.4))
+    inter = out["compression"]
+    assert inter["ratio"] == 0.4 and set(inter) >= {"patched", "compressed", "repatched", "parameters"}
+    assert inter["parameters"]["factorised_layers"]["compression_ratio"] == pytest.approx(0.4, abs=0.05)
+    assert inter["patched"]["asr"] == out["phases"]["patched"]["asr"]  # the gate before the recipe is θ_patched's
+    for stage in ("compressed", "repatched"):
+        assert 0.0 <= inter[stage]["asr"] <= 100.0 and 0.0 <= inter[stage]["utility"] <= 100.0
+
+
 def test_pipeline_config_round_trip_and_validation() -> None:
     cfg = PipelineConfig(**{**SMALL, "lr_grid": [1e-3]}, patch_mode="lora")
     assert PipelineConfig.from_json(cfg.to_json()) == cfg
@@ -46,3 +76,5 @@ def test_pipeline_config_round_trip_and_validation() -> None:
         PipelineConfig(patch_lr=-1.0)
     with pytest.raises(ConfigError, match=r"PipelineConfig\.selection"):
         PipelineConfig(selection="oracle")
+    with pytest.raises(ConfigError, match=r"PipelineConfig\.compress_ratio"):
+        PipelineConfig(compress_ratio=1.0)
