@@ -7,7 +7,7 @@ it on harmful completions, picks one refusal example and fine-tunes on it for 10
     python examples/safety_realign_tiny.py                                  # tiny preset, defaults (~20 min, 1 core)
     python examples/safety_realign_tiny.py --preset micro --pretrain-steps 100 --align-steps 60 --candidates 4 \\
         --eval-harmful 16 \\
-        --eval-benign 16 --eval-downstream 8 --compress-ratio 0.2           # mechanics only, ~20 s
+        --eval-benign 16 --eval-downstream 8 --compress-ratios 0.2          # mechanics only, ~20 s
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{cfg.preset} preset, seed {cfg.seed}; one example ({cfg.selection}): {tuple(out['selection']['example'])}")
     print(f"{'phase':<10} {'ASR %':>7} {'utility %':>10} {'downstream %':>13}")
     rows = dict(out["phases"])
-    if "compression" in out:  # --compress-ratio R: SAES-SVD on the patched model, then the same patch again
-        rows |= {f"+svd {cfg.compress_ratio:g}": out["compression"]["compressed"],
-                 "+repatch": out["compression"]["repatched"]}
+    for inter in out.get("compression", []):  # --compress-ratios: SAES-SVD on the patched model, then re-patch
+        rows |= {f"+svd {inter['ratio']:g}": inter["compressed"],
+                 "+repatch" + (" (skipped)" if inter["repatch_skipped"] else ""): inter["repatched"]}
     for name, row in rows.items():
         print(f"{name:<10} {row['asr']:>7.1f} {row['utility']:>10.1f} {row.get('downstream', float('nan')):>13.1f}")
     patched = out["phases"]["patched"]

@@ -46,6 +46,9 @@ class RealignConfig(Config):
     gate: Literal["none", "synthetic"] = field("none", "measure ASR/utility before and after on the synthetic gate set")
     gate_prompts: int = field(64, "harmful and benign held-out prompts each, when gate is 'synthetic'")
     seed: int = field(0, "seed of the synthetic gate set")
+    only_if_asr_above: float | None = field(None, "with gate 'synthetic': patch only when the ASR before the patch "
+                                                  "is above this %, since a patch the model does not need still "
+                                                  "costs utility (None: always patch)")
 
     def validate(self) -> None:
         for name in ("epochs", "lora_rank", "gate_prompts"):
@@ -53,6 +56,13 @@ class RealignConfig(Config):
                 raise ConfigError(f"RealignConfig.{name}: expected >= 1, received {getattr(self, name)}")
         if self.lr <= 0:
             raise ConfigError(f"RealignConfig.lr: expected > 0, received {self.lr}")
+        if self.only_if_asr_above is not None:
+            if self.gate != "synthetic":
+                raise ConfigError(f"RealignConfig.only_if_asr_above: expected gate 'synthetic' to decide on, received "
+                                  f"gate {self.gate!r}")
+            if not 0.0 <= self.only_if_asr_above <= 100.0:
+                raise ConfigError(f"RealignConfig.only_if_asr_above: expected a % in [0, 100], received "
+                                  f"{self.only_if_asr_above}")
         if self.example_file is None and not (self.prompt and self.response):
             raise ConfigError("RealignConfig.prompt/response: expected non-empty strings (or an example_file), "
                               f"received {self.prompt!r} / {self.response!r}")
@@ -81,6 +91,12 @@ def apply_realign(model: nn.Module, config: RealignConfig, calibration: Any, log
         gate = GateSet(data.harmful_prompts("test", config.gate_prompts), data.benign("test", config.gate_prompts))
     n_params = sum(p.numel() for p in model.parameters())
     before = safety_gate(model, gate) if gate else None
+    if before and config.only_if_asr_above is not None and before["asr"] <= config.only_if_asr_above:
+        log("model", seconds=0.0, error=None, params_before=n_params, params_after=n_params, steps=0,
+            skipped=True, asr_before=before["asr"], utility_before=before["utility"])
+        return {"method": "realign", "example": {"prompt": example[0], "response": example[1]}, "skipped": True,
+                "reason": f"ASR {before['asr']:.1f} % <= only_if_asr_above {config.only_if_asr_above:g} %",
+                "steps": 0, "gate": {"before": before, "after": before}}
     t = time.perf_counter()
     result = patch(model, example, epochs=config.epochs, lr=config.lr, mode=config.mode, lora_rank=config.lora_rank,
                    weight_decay=config.weight_decay)
@@ -92,6 +108,6 @@ def apply_realign(model: nn.Module, config: RealignConfig, calibration: Any, log
         extra.update(asr_before=before["asr"], asr_after=after["asr"], utility_before=before["utility"],
                      utility_after=after["utility"])
     log("model", seconds=seconds, error=final_loss, params_before=n_params, params_after=n_params, **extra)
-    return {"method": "realign", "example": {"prompt": example[0], "response": example[1]}, "epochs": config.epochs,
-            "lr": config.lr, "mode": config.mode, "seconds": seconds, **extra,
+    return {"method": "realign", "example": {"prompt": example[0], "response": example[1]}, "skipped": False,
+            "epochs": config.epochs, "lr": config.lr, "mode": config.mode, "seconds": seconds, **extra,
             "gate": {"before": before, "after": after} if gate else None}

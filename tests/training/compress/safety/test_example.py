@@ -15,7 +15,7 @@ def test_safety_realign_tiny_example() -> None:
     args = ["--preset", "micro", "--pretrain-steps", "5", "--align-steps", "20", "--align-benign", "64", "--align-harmful", "32",
             "--attack-harmful", "8", "--attack-task", "8", "--attack-benign", "8", "--attack-epochs", "1",
             "--candidates", "2", "--lr-grid", "1e-3", "--val-prompts", "2", "--eval-harmful", "4", "--eval-benign", "4",
-            "--eval-downstream", "2", "--max-new-bytes", "8", "--compress-ratio", "0.3"]
+            "--eval-downstream", "2", "--max-new-bytes", "8", "--compress-ratios", "0.3"]
     done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()

@@ -60,13 +60,14 @@ def test_pipeline_cache_reuses_the_trained_phases(tmp_path) -> None:
 
 
 def test_pipeline_compression_interaction() -> None:
-    out = run_pipeline(PipelineConfig(**{**SMALL, "candidates": 2, "lr_grid": [1e-3]}, compress_ratio=0.4))
-    inter = out["compression"]
-    assert inter["ratio"] == 0.4 and set(inter) >= {"patched", "compressed", "repatched", "parameters"}
-    assert inter["parameters"]["factorised_layers"]["compression_ratio"] == pytest.approx(0.4, abs=0.05)
-    assert inter["patched"]["asr"] == out["phases"]["patched"]["asr"]  # the gate before the recipe is θ_patched's
-    for stage in ("compressed", "repatched"):
-        assert 0.0 <= inter[stage]["asr"] <= 100.0 and 0.0 <= inter[stage]["utility"] <= 100.0
+    out = run_pipeline(PipelineConfig(**{**SMALL, "candidates": 2, "lr_grid": [1e-3]}, compress_ratios=[0.2, 0.4]))
+    assert [inter["ratio"] for inter in out["compression"]] == [0.2, 0.4]
+    for inter in out["compression"]:
+        assert inter["parameters"]["factorised_layers"]["compression_ratio"] == pytest.approx(inter["ratio"], abs=0.05)
+        assert inter["patched"]["asr"] == out["phases"]["patched"]["asr"]  # the gate before the recipe is θ_patched's
+        # the micro model never refuses (ASR 100 % > 10 %), so the realign stage patches the compressed model
+        assert inter["compressed"]["asr"] > 10.0 and inter["repatch_skipped"] is False
+        assert inter["repatched"]["refusal_logprob"] > inter["compressed"]["refusal_logprob"]  # moved towards refusing
 
 
 def test_pipeline_config_round_trip_and_validation() -> None:
@@ -76,5 +77,5 @@ def test_pipeline_config_round_trip_and_validation() -> None:
         PipelineConfig(patch_lr=-1.0)
     with pytest.raises(ConfigError, match=r"PipelineConfig\.selection"):
         PipelineConfig(selection="oracle")
-    with pytest.raises(ConfigError, match=r"PipelineConfig\.compress_ratio"):
-        PipelineConfig(compress_ratio=1.0)
+    with pytest.raises(ConfigError, match=r"PipelineConfig\.compress_ratios"):
+        PipelineConfig(compress_ratios=[0.2, 1.0])

@@ -36,7 +36,9 @@ def test_config_json_round_trip_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [({"epochs": 0}, "epochs"), ({"lr": 0.0}, "lr"),
-                                               ({"mode": "qlora"}, "mode"), ({"prompt": ""}, "prompt")])
+                                               ({"mode": "qlora"}, "mode"), ({"prompt": ""}, "prompt"),
+                                               ({"only_if_asr_above": 10.0}, "only_if_asr_above"),  # needs a gate
+                                               ({"only_if_asr_above": 101.0, "gate": "synthetic"}, "only_if_asr_above")])
 def test_config_names_the_bad_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=rf"RealignConfig\.{field}"):
         RealignConfig(**kwargs)
@@ -63,6 +65,20 @@ def test_apply_patches_in_place_and_logs(micro_lm) -> None:
     (record,) = log.records
     assert record["module"] == "model" and record["params_before"] == record["params_after"] == 139_584
     assert record["steps"] == 4 and "asr_after" in record
+    json.dumps(summary)
+
+
+def test_apply_only_if_asr_above_decides_on_the_gate(micro_lm) -> None:
+    weight = micro_lm.get_parameter("model.layers.0.mlp.up_proj.weight").detach().clone()
+    cfg = RealignConfig(epochs=2, lr=1e-3, gate="synthetic", gate_prompts=4, only_if_asr_above=100.0)
+    log = RecordingLog()
+    summary = apply_realign(micro_lm, cfg, None, log)  # any ASR is <= 100 %: nothing to repair, nothing trained
+    assert summary["skipped"] and summary["steps"] == 0 and "100" in summary["reason"]
+    assert weight.equal(micro_lm.get_parameter("model.layers.0.mlp.up_proj.weight"))
+    assert log.records[0]["skipped"] and log.records[0]["steps"] == 0
+    # the untrained micro model does not refuse (ASR 100 % > 50 %): the patch runs
+    summary = apply_realign(micro_lm, RealignConfig(**{**cfg.to_dict(), "only_if_asr_above": 50.0}), None, log)
+    assert not summary["skipped"] and summary["steps"] == 2 and summary["gate"]["before"]["asr"] > 50.0
     json.dumps(summary)
 
 
