@@ -156,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--align-steps", type=int, default=None, help="alignment steps (default: PipelineConfig's)")
     parser.add_argument("--attack-lr", type=float, default=None, help="attacker's learning rate (default: PipelineConfig's)")
     parser.add_argument("--attack-harmful", type=int, default=None, help="K harmful examples in the attack (default: PipelineConfig's)")
-    parser.add_argument("--compress-ratios", default="0.2,0.4",
+    parser.add_argument("--compress-ratios", default="0.2,0.4,0.6",
                         help="compression interaction: SAES-SVD removal ratios on the patched model, comma-separated, "
-                             "'' = skip (default 0.2,0.4)")
+                             "'' = skip (default 0.2,0.4,0.6)")
     parser.add_argument("--cache", type=Path, default=None,
                         help="save θ0 / θ* here and reuse them in later runs with the same phase settings")
     argv = sys.argv[1:] if argv is None else argv
