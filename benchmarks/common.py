@@ -6,31 +6,36 @@ import argparse
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any
+
+from veil.config import write_atomic
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def write_section(results_md: Path, key: str, body: str) -> None:
-    """Put ``body`` between ``<!-- key:begin -->`` and ``<!-- key:end -->``, keeping every other section."""
+    """Put ``body`` between ``<!-- key:begin -->`` and ``<!-- key:end -->``, keeping every other section.
+
+    The body's leading heading becomes a level-2 heading (every section of results.md is a ``##`` sibling, whatever
+    level the benchmark's own docs page embeds it at); the file is replaced atomically."""
     begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
-    section = f"{begin}\n{body.strip()}\n{end}"
+    body = re.sub(r"\A#+ ", "## ", body.strip())
+    section = f"{begin}\n{body}\n{end}"
     text = results_md.read_text() if results_md.exists() else "# veil — measured results\n\n"
     if begin in text:
         head, rest = text.split(begin, 1)
         text = head + section + rest.split(end, 1)[1]
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
-    results_md.parent.mkdir(parents=True, exist_ok=True)
-    results_md.write_text(text)
+    write_atomic(results_md, text)
 
 
 def save_results(docs: Path, key: str, results: Any, body: str) -> None:
-    """Write ``docs/results/<key>.json`` and the ``key`` section of ``docs/results.md``."""
-    (docs / "results").mkdir(parents=True, exist_ok=True)
-    (docs / "results" / f"{key}.json").write_text(json.dumps(results, indent=1))
+    """Write ``docs/results/<key>.json`` and the ``key`` section of ``docs/results.md`` (each atomically)."""
+    write_atomic(docs / "results" / f"{key}.json", json.dumps(results, indent=1))
     write_section(docs / "results.md", key, body)
 
 

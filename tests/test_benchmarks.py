@@ -7,6 +7,20 @@ import json
 import pytest
 
 
+def test_write_section_replaces_one_section_at_level_two(load_benchmark, tmp_path) -> None:
+    common = load_benchmark("common")
+    md = tmp_path / "results.md"
+    md.write_text("# results\n\n<!-- other:begin -->\n## other\nkept text\n<!-- other:end -->\n")
+    common.write_section(md, "mine", "### Mine (a docs page embeds it at level 3)\n\n| a |\n")
+    common.write_section(md, "mine", "### Mine, rerun\n\n| b |\n")  # replaces, never appends twice
+    text = md.read_text()
+    assert "kept text" in text and text.count("<!-- mine:begin -->") == 1 and "| a |" not in text
+    assert "<!-- mine:begin -->\n## Mine, rerun\n" in text and "###" not in text
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["results.md"]  # atomic: no temporary file left behind
+    common.save_results(tmp_path, "mine", {"x": 1}, "## Mine\n")
+    assert json.loads((tmp_path / "results" / "mine.json").read_text()) == {"x": 1}
+
+
 @pytest.mark.slow
 def test_uldnet_digits_benchmark_smoke(load_benchmark, tmp_path) -> None:
     module = load_benchmark("uldnet_digits")
