@@ -32,6 +32,7 @@ from veil.training.lm import PRESETS, LMModelConfig, LMTrainConfig, build_lm, lo
 
 from veil.config import Config, ConfigError, field
 
+from .baselines import run_baselines
 from .data import REFUSAL, UNIVERSAL_EXAMPLE, Example, SafetyData
 from .interaction import compression_interaction
 from .judge import GateSet, safety_gate
@@ -82,6 +83,8 @@ class PipelineConfig(Config):
     compress_ratios: list[float] = field([], "the compression interaction (spec §5.3), per ratio: SAES-SVD removing "
                                              "this fraction of the decoder Linears' weights from θ_patched, gate, "
                                              "the same one-example patch again when ASR > 10 %, gate (empty: skip)")
+    baselines: bool = field(False, "also run the weight-space baselines RESTA and SafeLoRA (spec §3.6) on the same "
+                                   "θ0 / θ*, each with its setting chosen on val prompts")
     controls: bool = field(False, "also run the controls: universal, random candidate, benign example, k = 4/16/64, "
                                    "and every candidate at the chosen lr on the test gate (where the choice ranks)")
 
@@ -165,6 +168,9 @@ def rank_on_test(attacked: nn.Module, cfg: PipelineConfig, pool: list[Example], 
                         "median_asr": sorted(r["asr"] for r in rows)[len(rows) // 2]}}
 
 
+# The models a cache entry holds (in this order): the model before alignment, θ0, θ*.
+PHASE_MODELS = ("base", "aligned", "attacked")
+
 # The ASR (%) the patch must reach (the issue's target); above it after compression, the patch is applied again.
 TARGET_ASR = 10.0
 
@@ -175,8 +181,8 @@ PHASE_FIELDS = ("preset", "seed", "pretrain_steps", "pretrain_lr", "align_steps"
 
 
 def train_phases(cfg: PipelineConfig, data: SafetyData, progress: Callable[[str], None] = lambda s: None,
-                 ) -> tuple[nn.Module, nn.Module, dict[str, Any]]:
-    """Pretrain (optional), align and attack: (θ0, θ*, record of steps and seconds per phase)."""
+                 ) -> tuple[nn.Module, nn.Module, nn.Module, dict[str, Any]]:
+    """Pretrain (optional), align and attack: (base before alignment, θ0, θ*, record of steps and seconds)."""
     torch.manual_seed(cfg.seed)
     model_config = LMModelConfig(**PRESETS[cfg.preset])
     record: dict[str, Any] = {}
@@ -190,6 +196,7 @@ def train_phases(cfg: PipelineConfig, data: SafetyData, progress: Callable[[str]
         progress(f"pretrained: {record['pretrained']}")
     else:
         model = build_lm(model_config, seed=cfg.seed)
+    base = copy.deepcopy(model)
     align_data = data.benign("train", cfg.align_benign) + data.harmful("train", cfg.align_harmful)
     res, secs = _timed(lambda: sft(model, align_data, steps=cfg.align_steps, lr=cfg.align_lr,
                                    batch_size=cfg.batch_size, schedule="cosine", warmup=0.05, seed=cfg.seed))
@@ -200,17 +207,17 @@ def train_phases(cfg: PipelineConfig, data: SafetyData, progress: Callable[[str]
     res, secs = _timed(lambda: sft(model, attack_data, epochs=cfg.attack_epochs, lr=cfg.attack_lr,
                                    batch_size=cfg.batch_size, seed=cfg.seed + 1))
     record["attacked"] = {"steps": res.steps, "seconds": secs}
-    return aligned, model, record
+    return base, aligned, model, record
 
 
 def phase_cache_entry(cfg: PipelineConfig, cache_dir: str | Path) -> tuple[Path, str]:
     """Where :func:`run_pipeline` keeps θ0 / θ* for ``cfg``'s phase settings, and the key stored with them."""
-    key = json.dumps({name: getattr(cfg, name) for name in PHASE_FIELDS}, sort_keys=True)
+    key = json.dumps({"models": PHASE_MODELS, **{name: getattr(cfg, name) for name in PHASE_FIELDS}}, sort_keys=True)
     return Path(cache_dir) / f"safety_phases_{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt", key
 
 
 def _cached_models(cfg: PipelineConfig, data: SafetyData, cache_dir: str | Path | None,
-                   progress: Callable[[str], None]) -> tuple[nn.Module, nn.Module, dict[str, Any]]:
+                   progress: Callable[[str], None]) -> tuple[nn.Module, nn.Module, nn.Module, dict[str, Any]]:
     """:func:`train_phases`, or its saved result in ``cache_dir`` (keyed by the PHASE_FIELDS values)."""
     if cache_dir is None:
         return train_phases(cfg, data, progress)
@@ -220,19 +227,19 @@ def _cached_models(cfg: PipelineConfig, data: SafetyData, cache_dir: str | Path 
         saved = torch.load(path, weights_only=True)
         if saved["key"] == key:
             models = []
-            for name in ("aligned", "attacked"):
+            for name in PHASE_MODELS:
                 model = build_lm(model_config, seed=cfg.seed)
                 model.load_state_dict(saved[name])
                 models.append(model)
-            progress(f"θ0 and θ* loaded from {path}")
-            return models[0], models[1], json.loads(saved["record"])
-    aligned, attacked, record = train_phases(cfg, data, progress)
+            progress(f"base, θ0 and θ* loaded from {path}")
+            return models[0], models[1], models[2], json.loads(saved["record"])
+    base, aligned, attacked, record = train_phases(cfg, data, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"key": key, "aligned": aligned.state_dict(), "attacked": attacked.state_dict(),
-                "record": json.dumps(record)}, tmp)
+    torch.save({"key": key, "base": base.state_dict(), "aligned": aligned.state_dict(),
+                "attacked": attacked.state_dict(), "record": json.dumps(record)}, tmp)
     os.replace(tmp, path)  # atomic: a killed run leaves no half-written cache entry
-    return aligned, attacked, record
+    return base, aligned, attacked, record
 
 
 def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s: None,
@@ -244,7 +251,7 @@ def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s
     gate = GateSet(data.harmful_prompts("test", cfg.eval_harmful), data.benign("test", cfg.eval_benign),
                    data.downstream("test", cfg.eval_downstream) if cfg.eval_downstream else None)
     out: dict[str, Any] = {"config": cfg.to_dict(), "phases": {}}
-    aligned, attacked, record = _cached_models(cfg, data, cache_dir, progress)
+    base, aligned, attacked, record = _cached_models(cfg, data, cache_dir, progress)
     if "pretrained" in record:
         out["pretrained"] = record["pretrained"]
     for name, model in (("aligned", aligned), ("attacked", attacked)):
@@ -264,6 +271,11 @@ def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s
                 patched, data, gate, example, ratio=ratio, lr=lr, epochs=cfg.patch_epochs, seed=cfg.seed,
                 max_new_bytes=cfg.max_new_bytes, repatch_above_asr=TARGET_ASR))
             progress(f"compression interaction: {out['compression'][-1]}")
+    if cfg.baselines:
+        out["baselines"] = run_baselines(data, gate, base, aligned, attacked, unalign_examples=cfg.attack_harmful,
+                                         epochs=cfg.attack_epochs, lr=cfg.attack_lr, batch_size=cfg.batch_size,
+                                         seed=cfg.seed, val_prompts=2 * cfg.val_prompts, max_new_bytes=cfg.max_new_bytes)
+        progress(f"baselines: { {k: (v['asr'], v['utility'], v['setting']) for k, v in out['baselines'].items()} }")
     out["mechanism"] = safety_gradient_report(copy.deepcopy(attacked), aligned, example,
                                               data.harmful("val", cfg.val_prompts))
     if cfg.controls:

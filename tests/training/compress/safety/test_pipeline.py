@@ -15,7 +15,7 @@ SMALL = {"preset": "micro", "pretrain_steps": 5, "align_steps": 20, "align_benig
 
 
 def test_pipeline_end_to_end_with_controls() -> None:
-    out = run_pipeline(PipelineConfig(**{**SMALL, "lr_grid": [1e-4, 1e-3]}, controls=True))
+    out = run_pipeline(PipelineConfig(**{**SMALL, "lr_grid": [1e-4, 1e-3]}, controls=True, baselines=True))
     assert list(out["phases"]) == ["aligned", "attacked", "patched"]
     assert out["phases"]["aligned"]["steps"] == 20 and out["phases"]["attacked"]["steps"] == 2 * 3  # 24 examples in batches of 8
     assert out["phases"]["patched"]["steps"] == 10
@@ -31,6 +31,7 @@ def test_pipeline_end_to_end_with_controls() -> None:
     assert chosen["asr"] == out["phases"]["patched"]["asr"]  # same patch, same gate: the ranking is of real patches
     assert out["controls"]["safety_k64"]["steps"] == 10 * 4  # 64 examples in batches of 16, 10 epochs
     assert {"cer_4", "overlap_8", "cos_to_aligned"} <= set(out["mechanism"])
+    assert set(out["baselines"]) == {"resta", "safelora"} and "layers_projected" in out["baselines"]["safelora"]["setting"]
     json.dumps(out)
 
 
@@ -46,7 +47,7 @@ def test_pipeline_is_deterministic() -> None:
 def test_pipeline_cache_reuses_the_trained_phases(tmp_path) -> None:
     cfg = PipelineConfig(**{**SMALL, "align_steps": 5, "candidates": 2}, selection="gradient")
     first = run_pipeline(cfg, cache_dir=tmp_path)
-    assert len(list(tmp_path.glob("safety_phases_*.pt"))) == 1
+    assert len(list(tmp_path.glob("safety_phases_*.pt"))) == 1 and not list(tmp_path.glob("*.tmp"))
     messages: list[str] = []
     second = run_pipeline(cfg, progress=messages.append, cache_dir=tmp_path)
     assert any("loaded from" in m for m in messages)
