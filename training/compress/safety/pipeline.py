@@ -8,7 +8,9 @@
 (c) select one refusal example from a candidate pool (``selection``) and patch θ* with it: ``patch_epochs`` steps
     at ``patch_lr``;
 (d) the safety gate after every phase on held-out prompts, plus optional controls (spec §5.3): the universal
-    example, a random candidate, a benign example, and k ∈ {4, 16, 64} safety examples.
+    example, a random candidate, a benign example, k ∈ {4, 16, 64} safety examples, and where the chosen example
+    ranks among all candidates on test;
+(e) optional: the RESTA and SafeLoRA baselines (baselines.py) and the compression interaction (interaction.py).
 
 Choices (selection, learning rates) use the ``val`` split only; ``test`` is evaluated, never chosen on.
 """
