@@ -137,8 +137,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
                   f"{r['phases']['attacked']['downstream']:.1f} -> {r['phases']['patched']['downstream']:.1f} %"
                   for r in results["runs"]) + ".", "",
               *([interaction_line(results["runs"]), ""] if r0.get("compression") else []),
-              *(["Baselines (spec §3.6) on the same θ0 / θ*, setting chosen on val by the gate itself (lowest ASR "
-                 "with utility within 2 points of θ*): " + "; ".join(
+              *(["Baselines (spec §3.6) on the same θ0 / θ*, setting chosen on val by the one-example selection's "
+                 "upper-level objective (KL to θ0 on harmful + KL to θ* on task prompts): " + "; ".join(
                      f"seed {r['config']['seed']}: RESTA scale {r['baselines']['resta']['setting']['scale']:g}, "
                      f"SafeLoRA {r['baselines']['safelora']['setting']['layers_projected']} of "
                      f"{r['baselines']['safelora']['setting']['of']} matrices projected" for r in results["runs"]) + ".", ""]

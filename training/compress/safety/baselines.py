@@ -9,8 +9,10 @@
   The paper projects LoRA updates ΔW = BA; the attack here is full fine-tuning, so ΔW = W* − W_aligned of every
   decoder Linear (a stated variant). Its 'number' mode: project the ``n`` least similar layers.
 
-Each has one setting (s, or n); :func:`choose_on_val` picks it on val prompts by the gate itself (lowest ASR whose
-utility stays within 2 points of θ*'s), a more direct choice than the one-example method's KL objective gets.
+Each has one setting (s, or n), chosen on val prompts by the one-example selection's own upper-level objective,
+KL(π_θ0 ‖ π) on harmful prompts + KL(π_θ* ‖ π) on task prompts (benign tasks and the user's task): the same
+criterion for every method. (Chosen by the benign gate alone, SafeLoRA projects 22 of 28 matrices, reaches 0 % ASR
+and erases the user's task: θ* reverts to θ0.)
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .data import SafetyData
 from .judge import GateSet, safety_gate
+from .patch import Reference, upper_level_references
+from .train import sft
 
 
 def _matrices(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -67,36 +72,34 @@ def safelora(attacked: nn.Module, projections: Sequence[tuple[str, float, torch.
     return model
 
 
-def choose_on_val(settings: Sequence[Any], build: Callable[[Any], nn.Module], val: GateSet, utility_floor: float,
-                  max_new_bytes: int = 48) -> tuple[Any, list[dict[str, Any]]]:
-    """The setting whose model has the lowest val ASR among those with val utility >= ``utility_floor`` (all of
-    them when none qualifies; ties: higher utility), and every setting's val gate."""
-    table = [{"setting": s, **safety_gate(build(s), val, max_new_bytes=max_new_bytes)} for s in settings]
-    allowed = [row for row in table if row["utility"] >= utility_floor] or table
-    best = min(allowed, key=lambda row: (row["asr"], -row["utility"]))
-    return best["setting"], table
+def choose_by_objective(settings: Sequence[Any], build: Callable[[Any], nn.Module], harmful_ref: Reference,
+                        task_ref: Reference) -> tuple[Any, list[dict[str, Any]]]:
+    """The setting whose model scores lowest on the upper-level objective, and every setting's two KL terms."""
+    table = []
+    for setting in settings:
+        model = build(setting)
+        kh, kt = harmful_ref.kl(model), task_ref.kl(model)
+        table.append({"setting": setting, "score": kh + kt, "kl_harmful": kh, "kl_task": kt})
+    return min(table, key=lambda row: row["score"])["setting"], table
 
 
 RESTA_SCALES = (0.25, 0.5, 1.0, 1.5, 2.0)
 
 
-def run_baselines(data: Any, gate: GateSet, base: nn.Module, aligned: nn.Module, attacked: nn.Module, *,
-                  unalign_examples: int, epochs: int, lr: float, batch_size: int, seed: int,
-                  val_prompts: int = 64, max_new_bytes: int = 48, utility_drop: float = 2.0) -> dict[str, Any]:
-    """RESTA and SafeLoRA with their setting chosen on val, then gated on ``gate`` (test)."""
-    from .train import sft
-
-    val = GateSet(data.harmful_prompts("val", val_prompts), data.benign("val", val_prompts))
-    floor = safety_gate(attacked, val, max_new_bytes=max_new_bytes)["utility"] - utility_drop
+def run_baselines(data: SafetyData, gate: GateSet, base: nn.Module, aligned: nn.Module, attacked: nn.Module, *,
+                  unalign_examples: int, epochs: int, lr: float, batch_size: int, seed: int, val_prompts: int = 32,
+                  max_new_bytes: int = 48) -> dict[str, Any]:
+    """RESTA and SafeLoRA with their setting chosen by the upper-level objective on val, then gated on ``gate``."""
+    harmful_ref, task_ref = upper_level_references(data, aligned, attacked, val_prompts)
     # the defender's own harmful -> compliance pairs: the train split after the attacker's K (never the same ones)
     own = data.compliance("train", 2 * unalign_examples)[unalign_examples:]
     unaligned = copy.deepcopy(aligned)
     sft(unaligned, own, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed + 2)
-    scale, resta_val = choose_on_val(RESTA_SCALES, lambda s: resta(attacked, aligned, unaligned, s), val, floor,
-                                     max_new_bytes)
+    scale, resta_val = choose_by_objective(RESTA_SCALES, lambda s: resta(attacked, aligned, unaligned, s),
+                                           harmful_ref, task_ref)
     projections = safelora_projections(attacked, aligned, base)
-    n_layers, safelora_val = choose_on_val(range(len(projections) + 1), lambda n: safelora(attacked, projections, n),
-                                           val, floor, max_new_bytes)
+    n_layers, safelora_val = choose_by_objective(range(len(projections) + 1),
+                                                 lambda n: safelora(attacked, projections, n), harmful_ref, task_ref)
     return {
         "resta": {**safety_gate(resta(attacked, aligned, unaligned, scale), gate, max_new_bytes=max_new_bytes),
                   "setting": {"scale": scale}, "val": resta_val},

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import Example
+from .data import Example, SafetyData
 from .judge import generate
 from .train import IGNORE, SFTResult, encode_batch, sft, sft_loss
 
@@ -78,6 +78,15 @@ class Reference:
         logq = _logprobs(model, self.x)
         kl = (self.logp.exp() * (self.logp - logq)).sum(-1)  # (B, T)
         return float(kl[self.mask].mean())
+
+
+def upper_level_references(data: SafetyData, aligned: nn.Module, attacked: nn.Module, n: int,
+                           ) -> tuple[Reference, Reference]:
+    """The two KL terms' references on val: θ0 on ``n`` harmful prompts, θ* on ``n`` task prompts (half benign
+    tasks, half the user's downstream task)."""
+    task = data.benign("val", n // 2) + data.downstream("val", n - n // 2)
+    return (Reference.of(aligned, data.harmful_prompts("val", n)),
+            Reference.of(attacked, [prompt for prompt, _ in task]))
 
 
 @dataclass

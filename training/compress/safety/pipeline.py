@@ -39,7 +39,7 @@ from .data import REFUSAL, UNIVERSAL_EXAMPLE, Example, SafetyData
 from .interaction import compression_interaction
 from .judge import GateSet, safety_gate
 from .mechanism import safety_gradient_report
-from .patch import Reference, patch, select_bilevel, select_gradient
+from .patch import patch, select_bilevel, select_gradient, upper_level_references
 from .train import sft
 
 
@@ -144,9 +144,7 @@ def choose_example(cfg: PipelineConfig, data: SafetyData, aligned: nn.Module, at
         ranked = select_gradient(attacked, aligned, pool)
         lrs = [cfg.patch_lr] * len(ranked)
     else:
-        harmful_ref = Reference.of(aligned, data.harmful_prompts("val", cfg.val_prompts))
-        task = data.benign("val", cfg.val_prompts // 2) + data.downstream("val", cfg.val_prompts - cfg.val_prompts // 2)
-        task_ref = Reference.of(attacked, [p for p, _ in task])
+        harmful_ref, task_ref = upper_level_references(data, aligned, attacked, cfg.val_prompts)
         per_lr = [(lr, c) for lr in cfg.lr_grid or [cfg.patch_lr] for c in select_bilevel(
             attacked, pool, harmful_ref, task_ref, lambda m, ex, lr=lr: patch(
                 m, ex, epochs=cfg.patch_epochs, lr=lr, mode=cfg.patch_mode, lora_rank=cfg.lora_rank))]
@@ -276,7 +274,7 @@ def run_pipeline(cfg: PipelineConfig, progress: Callable[[str], None] = lambda s
     if cfg.baselines:
         out["baselines"] = run_baselines(data, gate, base, aligned, attacked, unalign_examples=cfg.attack_harmful,
                                          epochs=cfg.attack_epochs, lr=cfg.attack_lr, batch_size=cfg.batch_size,
-                                         seed=cfg.seed, val_prompts=2 * cfg.val_prompts, max_new_bytes=cfg.max_new_bytes)
+                                         seed=cfg.seed, val_prompts=cfg.val_prompts, max_new_bytes=cfg.max_new_bytes)
         progress(f"baselines: { {k: (v['asr'], v['utility'], v['setting']) for k, v in out['baselines'].items()} }")
     out["mechanism"] = safety_gradient_report(copy.deepcopy(attacked), aligned, example,
                                               data.harmful("val", cfg.val_prompts))

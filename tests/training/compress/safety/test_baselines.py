@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from veil.training.compress.safety.baselines import (
-    choose_on_val,
+    choose_by_objective,
     resta,
     run_baselines,
     safelora,
@@ -64,13 +64,21 @@ def test_safelora_projects_the_least_similar_layers(models) -> None:
     assert one.get_parameter(untouched).equal(attacked.get_parameter(untouched))
 
 
-def test_choose_on_val_prefers_low_asr_within_the_utility_floor(monkeypatch) -> None:
-    from veil.training.compress.safety import baselines
+class FakeReference:
+    """A KL term whose value per model is given (the models here are plain strings)."""
 
-    gates = {"a": {"asr": 0.0, "utility": 50.0}, "b": {"asr": 10.0, "utility": 80.0}, "c": {"asr": 30.0, "utility": 90.0}}
-    monkeypatch.setattr(baselines, "safety_gate", lambda model, val, max_new_bytes=48: dict(gates[model]))
-    assert choose_on_val("abc", lambda s: s, None, utility_floor=78.0)[0] == "b"  # "a" is safer but too costly
-    assert choose_on_val("abc", lambda s: s, None, utility_floor=95.0)[0] == "a"  # none qualifies: lowest ASR
+    def __init__(self, values: dict[str, float]) -> None:
+        self.values = values
+
+    def kl(self, model: str) -> float:
+        return self.values[model]
+
+
+def test_choose_by_objective_sums_the_two_kl_terms() -> None:
+    harmful = FakeReference({"a": 0.0, "b": 0.1, "c": 0.5})  # "a" looks most like θ0 on harmful prompts...
+    task = FakeReference({"a": 0.9, "b": 0.1, "c": 0.0})  # ...but loses the task: "b" balances both
+    setting, table = choose_by_objective("abc", lambda s: s, harmful, task)
+    assert setting == "b" and [row["score"] for row in table] == pytest.approx([0.9, 0.2, 0.5])
 
 
 def test_run_baselines_end_to_end(models) -> None:
