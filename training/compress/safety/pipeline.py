@@ -162,7 +162,8 @@ def rank_on_test(attacked: nn.Module, cfg: PipelineConfig, pool: list[Example], 
     rows = [{"prompt": ex[0], "response": ex[1], **_patched(attacked, cfg, [ex], gate, lr)} for ex in pool]
     mine = next(r for r in rows if (r["prompt"], r["response"]) == tuple(chosen))
     share_better = sum(r["asr"] < mine["asr"] for r in rows) / len(rows)
-    return {"candidates": [{k: r[k] for k in ("prompt", "response", "asr", "utility", "downstream")} for r in rows],
+    keep = ("prompt", "response", "asr", "utility", "downstream")  # downstream only when the gate has that task
+    return {"candidates": [{k: r[k] for k in keep if k in r} for r in rows],
             "summary": {"chosen_asr": mine["asr"], "share_strictly_better": share_better,
                         "top_quartile": share_better < 0.25, "best_asr": min(r["asr"] for r in rows),
                         "median_asr": sorted(r["asr"] for r in rows)[len(rows) // 2]}}

@@ -35,6 +35,11 @@ def test_pipeline_end_to_end_with_controls() -> None:
     json.dumps(out)
 
 
+def test_pipeline_controls_without_a_downstream_gate() -> None:
+    out = run_pipeline(PipelineConfig(**{**SMALL, "candidates": 2, "eval_downstream": 0}, controls=True))
+    assert all("downstream" not in c for c in out["selection"]["test_ranking"]["candidates"])
+
+
 def test_pipeline_is_deterministic() -> None:
     cfg = PipelineConfig(**{**SMALL, "align_steps": 5, "candidates": 2}, selection="gradient")
     a, b = run_pipeline(cfg), run_pipeline(cfg)
