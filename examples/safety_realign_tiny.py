@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     PipelineConfig.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
-    parser.add_argument("--cache", default=None, help="keep the aligned / attacked models here and reuse them")
+    parser.add_argument("--cache", default=None, help="keep the base / aligned / attacked models here and reuse them")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     cfg = PipelineConfig.from_args(args)
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = dict(out["phases"])
     for inter in out.get("compression", []):  # --compress-ratios: SAES-SVD on the patched model, then re-patch
         rows |= {f"+svd {inter['ratio']:g}": inter["compressed"],
-                 "+repatch" + (" (skipped)" if inter["repatch_skipped"] else ""): inter["repatched"]}
+                 f"+repatch {inter['ratio']:g}" + (" (skipped)" if inter["repatch_skipped"] else ""): inter["repatched"]}
     for name, row in rows.items():
         print(f"{name:<10} {row['asr']:>7.1f} {row['utility']:>10.1f} {row.get('downstream', float('nan')):>13.1f}")
     patched = out["phases"]["patched"]

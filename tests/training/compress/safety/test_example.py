@@ -15,10 +15,12 @@ def test_safety_realign_tiny_example() -> None:
     args = ["--preset", "micro", "--pretrain-steps", "5", "--align-steps", "20", "--align-benign", "64", "--align-harmful", "32",
             "--attack-harmful", "8", "--attack-task", "8", "--attack-benign", "8", "--attack-epochs", "1",
             "--candidates", "2", "--lr-grid", "1e-3", "--val-prompts", "2", "--eval-harmful", "4", "--eval-benign", "4",
-            "--eval-downstream", "2", "--max-new-bytes", "8", "--compress-ratios", "0.3"]
+            "--eval-downstream", "2", "--max-new-bytes", "8", "--compress-ratios", "0.3", "0.5"]
     done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("micro preset, seed 0; one example (bilevel): ")
-    assert [line.split()[0] for line in lines[2:7]] == ["aligned", "attacked", "patched", "+svd", "+repatch"]
-    assert lines[7].startswith("patch: 10 steps in ")
+    assert [" ".join(line.split()[:2]) for line in lines[5:9]] == ["+svd 0.3", "+repatch 0.3", "+svd 0.5",
+                                                                    "+repatch 0.5"]  # one row pair per ratio
+    assert [line.split()[0] for line in lines[2:5]] == ["aligned", "attacked", "patched"]
+    assert lines[9].startswith("patch: 10 steps in ")
