@@ -5,9 +5,18 @@ Client side: :func:`select_parameters` → :class:`SecretKeyring` (encrypt, decr
 Server side: :class:`KeyStore` (register evaluation keys, get them by key id). Both sides wrap payloads
 in envelopes (:func:`seal_envelope`, :func:`open_envelope`). Refusals are :class:`HEError` subclasses.
 See docs/he.md.
+
+The client path imports only numpy, tenseal and cryptography (``pip install 'veil[client]'``): the model-side
+names below (the compiler needs onnx, plans on disk need safetensors) load on first use (PEP 562).
 """
 
-from veil.he.compile import CompileError, compile
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from veil.he.envelope import Envelope, open_envelope, seal_envelope
 from veil.he.errors import (
     EnvelopeError,
@@ -23,12 +32,19 @@ from veil.he.errors import (
     SecurityError,
     UnknownKey,
 )
-from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import EvaluationKeys, SecretKeyring
 from veil.he.keystore import KeyStore
 from veil.he.params import CkksParameters, describe, select_parameters
-from veil.he.plan import Plan
 from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
+
+if TYPE_CHECKING:
+    from veil.he.compile import CompileError, compile
+    from veil.he.evaluate import PlanEvaluator
+    from veil.he.plan import Plan
+
+# model-side names -> the module that holds them, imported when first asked for
+_LAZY = {"CompileError": "veil.he.compile", "compile": "veil.he.compile", "PlanEvaluator": "veil.he.evaluate",
+         "Plan": "veil.he.plan"}
 
 __all__ = [
     "CkksParameters",
@@ -59,3 +75,28 @@ __all__ = [
     "seal_envelope",
     "select_parameters",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a model-side name (:data:`_LAZY`) on first use, so the client path never imports onnx."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'veil.he' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """Keeps ``veil.he.compile`` the function: importing the submodule of the same name binds the module here."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "compile" and isinstance(value, types.ModuleType):
+            value = value.compile
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 
 Mode = Literal["latency", "throughput"]
 FORMAT = "veil.he.plan/1"
@@ -84,6 +83,8 @@ class Plan:
 
     def save(self, folder: str | Path) -> Path:
         """Write plan.json and plan.safetensors into ``folder`` (each via a temp file, then rename)."""
+        from safetensors.numpy import save_file  # model side only: the client never needs safetensors
+
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         _atomic_write(folder / WEIGHTS_NAME, lambda p: save_file(
@@ -95,6 +96,8 @@ class Plan:
     @classmethod
     def load(cls, folder: str | Path) -> Plan:
         """Read a plan written by :meth:`save`; refuses a wrong format or a hash that does not match."""
+        from safetensors.numpy import load_file  # model side only: the client never needs safetensors
+
         folder = Path(folder)
         spec = json.loads((folder / JSON_NAME).read_text())
         if spec.get("format") != FORMAT:

@@ -2,17 +2,83 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_front_door_and_he_do_not_import_torch() -> None:
-    code = "import sys, veil, veil.cli, veil.config, veil.he; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+# what `pip install 'veil[client]'` does not install: the client path must not import any of them
+HEAVY = ("torch", "onnx", "onnxscript", "onnxruntime", "safetensors", "transformers", "sklearn", "fastapi")
+CLIENT_MODULES = ("veil", "veil.cli", "veil.config", "veil.he", "veil.he.client", "veil.he.keys", "veil.he.envelope",
+                  "veil.he.serialize", "veil.he.params", "veil.he.plan", "veil.he.keystore", "veil.he.errors",
+                  "veil.he.cli")
+CLIENT_PACKAGES = {"numpy", "tenseal", "cryptography"}
+
+
+def test_client_path_imports_none_of_the_heavy_packages() -> None:
+    """Each client module, and `veil --help` / `veil he VERB --help`, in a fresh interpreter: which heavy
+    packages it loaded (issue 18: `import veil.he.client` pulled in onnx and safetensors)."""
+    code = f"""
+import contextlib, importlib, io, json, sys
+heavy = {HEAVY!r}
+loaded = {{}}
+for name in {CLIENT_MODULES!r}:
+    importlib.import_module(name)
+    loaded[name] = sorted(m for m in heavy if m in sys.modules)
+import veil.cli
+with contextlib.redirect_stdout(io.StringIO()):
+    veil.cli.main(["--help"])
+    for verb in ("keygen", "encrypt", "infer", "decrypt"):
+        veil.cli.main(["he", verb, "--help"])
+loaded["veil --help, veil he VERB --help"] = sorted(m for m in heavy if m in sys.modules)
+print(json.dumps(loaded))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert {name: mods for name, mods in loaded.items() if mods} == {}
+    assert len(loaded) == len(CLIENT_MODULES) + 1
+
+
+def test_model_side_names_of_veil_he_load_on_first_use() -> None:
+    """`veil.he.compile` & co. stay reachable from the package although it no longer imports them eagerly."""
+    import veil.he
+    from veil.he.compile import CompileError, compile
+    from veil.he.evaluate import PlanEvaluator
+    from veil.he.plan import Plan
+
+    assert (veil.he.compile, veil.he.CompileError, veil.he.PlanEvaluator, veil.he.Plan) == (
+        compile, CompileError, PlanEvaluator, Plan)
+    assert set(veil.he.__all__) <= set(dir(veil.he))
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        veil.he.not_a_name  # noqa: B018
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_the_base_install_is_the_client_and_dev_installs_everything() -> None:
+    """`pip install 'veil[client]'` = the base list (numpy, tenseal, cryptography); `.[dev]` (what make installs)
+    reaches every extra but the GPU one through `veil[all]`."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert _requirement_names(project["dependencies"]) == CLIENT_PACKAGES
+    assert _requirement_names(extras["client"]) == CLIENT_PACKAGES
+    assert "veil[all]" in extras["dev"]
+    (everything,) = extras["all"]
+    named = set(re.fullmatch(r"veil\[(.*)\]", everything).group(1).split(","))
+    assert named == set(extras) - {"all", "dev", "client", "gpu"}
+    full = set().union(*(_requirement_names(extras[name]) for name in named))
+    assert {"torch", "onnx", "onnxruntime", "safetensors", "transformers", "fastapi"} <= full
 
 
 def test_engine_never_imports_training() -> None:
