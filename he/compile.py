@@ -33,15 +33,14 @@ class CompileError(HEError):
 
 AFFINE_OPS = {"Gemm", "MatMul", "Conv", "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Transpose",
               "Squeeze", "Unsqueeze", "Identity", "Add", "Sub", "Mul", "Div", "Neg", "Pad", "ReduceMean",
-              "ReduceSum", "BatchNormalization", "Dropout", "Slice"}
+              "ReduceSum", "BatchNormalization", "Dropout", "Slice", "Gather"}
 HINTS = {
     "Relu": "use PolyAct (train with `veil train uldnet`)", "Gelu": "use PolyAct", "Sigmoid": "use PolyAct",
     "Tanh": "use PolyAct", "Elu": "use PolyAct", "LeakyRelu": "use PolyAct",
     "MaxPool": "MaxPool -> AveragePool", "GlobalMaxPool": "GlobalMaxPool -> GlobalAveragePool",
     "Softmax": "use veil.LinearAttention or drop the softmax (argmax is unchanged)",
     "LayerNormalization": "use PolyNorm (train with `veil train uldnet`)", "Sqrt": "use PolyNorm",
-    "Div": "division by a ciphertext is not polynomial; use PolyNorm", "LinearAttention":
-    "linear attention is not supported by the HE compiler yet; use a PolyMLP or a conv model",
+    "Div": "division by a ciphertext is not polynomial; use PolyNorm",
 }
 
 
@@ -159,6 +158,12 @@ def _is_product(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str,
 
 def _lower_veil(node: onnx.NodeProto, name: str, tensors: dict[str, Any], consts: dict[str, np.ndarray],
                 builder: Builder) -> Any:
+    if node.op_type == "LinearAttention" and all(i in tensors for i in node.input[:3]) \
+            and not any(i in tensors for i in node.input[3:]):
+        from veil.he.attention import lower_linear_attention
+
+        q, k, v = (tensors[i] for i in node.input[:3])
+        return lower_linear_attention(builder, q, k, v, consts[node.input[3]], consts[node.input[4]], name)
     x = tensors[node.input[0]]
     if any(i in tensors for i in node.input[1:]) or node.op_type not in ("PolyNorm", "PolyAct"):
         hint = HINTS.get(node.op_type, "unknown veil function")

@@ -73,6 +73,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape[0], x.shape[1], x.shape[2]  # (B, N, D)
-        qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, hd)
-        out = self.attention(qkv[0], qkv[1], qkv[2])  # (B, H, N, hd)
+        # the batch axis stays first (the HE compiler lowers every node per sample)
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(0, 2, 3, 1, 4)  # (B, 3, H, N, hd)
+        out = self.attention(qkv[:, 0], qkv[:, 1], qkv[:, 2])  # (B, H, N, hd)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
