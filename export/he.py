@@ -21,10 +21,8 @@ from veil.he.params import describe
 from veil.training.checkpoint import checkpoint_hash
 from veil.training.uldnet import load_uldnet
 
-from veil.config import atomic_dir, write_atomic
-
 from .onnx_export import export_graph
-from .repository import NAME_PATTERN
+from .repository import NAME_PATTERN, model_folder
 from .swap import ExportError
 
 CONFIG = """name: "{name}"
@@ -47,9 +45,6 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
     graph = export_graph(model, (torch.randn(4, *shape),), ["x"], ["logits"], {"x": {0: "batch"}})
     plan = compile_plan(graph.model, mode=mode, precision_bits=precision_bits)  # type: ignore[arg-type]
     params = plan.parameters()
-    model_dir = Path(repo) / name
-    with atomic_dir(model_dir / str(version)) as tmp:
-        plan.save(tmp)
     manifest = {
         "format": 1, "name": name, "version": version, "kind": "he-plan", "mode": mode,
         "classes": config["data"]["classes"], "input_shape": shape, "levels": plan.levels,
@@ -58,6 +53,8 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
         "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
         "export": graph.info,
     }
-    write_atomic(model_dir / "veil.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))
-    write_atomic(model_dir / "config.pbtxt", CONFIG.format(name=name))
+    with model_folder(repo, name, version) as (folder, version_folder):  # published whole, config.pbtxt included
+        plan.save(version_folder)
+        (folder / "veil.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+        (folder / "config.pbtxt").write_text(CONFIG.format(name=name))
     return manifest

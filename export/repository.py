@@ -4,22 +4,26 @@
     <repo>/<name>/<version>/model.onnx the graph (plus any files the model needs, e.g. a tokenizer)
     <repo>/<name>/veil.json            veil's manifest: kind, tensors, source hash, export + validation report
 
-The version folder is assembled under a temporary name and renamed into place; config.pbtxt and
-veil.json are written atomically, so a server scanning the repository never sees half a model.
+The whole model folder (config.pbtxt, veil.json, the new version and the versions already there) is assembled
+under a temporary name and published in one atomic step (:func:`model_folder`), so a server scanning the
+repository sees the old model or the complete new one: never a version without its config.pbtxt, never none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from veil.config import atomic_dir, write_atomic
+from veil.config import atomic_dir
 
 from .swap import ExportError
 
@@ -66,6 +70,41 @@ def config_pbtxt(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec],
     return "\n".join(lines) + "\n"
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard-link an unchanged file into the new model folder (no copy of big graphs); copy where links fail."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+@contextlib.contextmanager
+def model_folder(repo: str | Path, name: str, version: int) -> Iterator[tuple[Path, Path]]:
+    """Assemble ``<repo>/<name>`` under a temporary name and publish it whole, in one atomic step.
+
+    Yields ``(folder, version_folder)``: the temporary model folder, pre-filled with everything the published
+    one holds except ``<version>``, and its empty ``<version>`` folder. Write the version's files,
+    ``config.pbtxt`` and ``veil.json`` into them; on exit the folder replaces the old one
+    (:func:`veil.config.atomic_dir`), on an error the old one stays. The other versions' files are hard links
+    (nothing big is copied; a version folder is never written into once published); the model's own files are
+    copies, so writing over one cannot change the published model.
+    """
+    final = Path(repo) / name
+    with atomic_dir(final) as folder:
+        if final.is_dir():
+            for entry in final.iterdir():
+                if entry.name == str(version) or entry.name.startswith("."):
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.copytree(entry, folder / entry.name, symlinks=True,
+                                    copy_function=_link_or_copy if entry.name.isdigit() else shutil.copy2)
+                else:
+                    shutil.copy2(entry, folder / entry.name, follow_symlinks=False)
+        version_folder = folder / str(version)
+        version_folder.mkdir()
+        yield folder, version_folder
+
+
 def write_model(repo: str | Path, name: str, version: int, model: onnx.ModelProto, inputs: list[TensorSpec],
                 outputs: list[TensorSpec], manifest: dict[str, Any], max_batch_size: int = 64,
                 max_queue_delay_us: int | None = 500, extra_files: dict[str, Path] | None = None) -> Path:
@@ -77,17 +116,14 @@ def write_model(repo: str | Path, name: str, version: int, model: onnx.ModelProt
     for spec in inputs + outputs:
         if spec.dtype not in DTYPES:
             raise ExportError(f"tensor {spec.name!r}: dtype {spec.dtype} has no Triton type; expected one of {sorted(DTYPES)}")
-    model_dir = Path(repo) / name
-    model_dir.mkdir(parents=True, exist_ok=True)
-    final = model_dir / str(version)
-    with atomic_dir(final) as tmp:
-        onnx.save_model(model, str(tmp / "model.onnx"))
-        for rel, src in (extra_files or {}).items():
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, target)
     full = {"format": 1, "name": name, "version": version, "inputs": [s.to_dict() for s in inputs],
             "outputs": [s.to_dict() for s in outputs], **manifest}
-    write_atomic(model_dir / "veil.json", json.dumps(full, indent=2, sort_keys=True, default=str))
-    write_atomic(model_dir / "config.pbtxt", config_pbtxt(name, inputs, outputs, max_batch_size, max_queue_delay_us))
-    return final
+    with model_folder(repo, name, version) as (folder, version_folder):
+        onnx.save_model(model, str(version_folder / "model.onnx"))
+        for rel, src in (extra_files or {}).items():
+            target = version_folder / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+        (folder / "veil.json").write_text(json.dumps(full, indent=2, sort_keys=True, default=str))
+        (folder / "config.pbtxt").write_text(config_pbtxt(name, inputs, outputs, max_batch_size, max_queue_delay_us))
+    return Path(repo) / name / str(version)

@@ -1,0 +1,69 @@
+"""export.repository publishes a model folder whole (issue 19, item 14): config.pbtxt and veil.json are in it
+before it becomes visible, other versions are kept, and a failed export leaves the old model as it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from veil.export import repository
+from veil.export.repository import TensorSpec, write_model
+
+SPECS = ([TensorSpec("x", "float32", [-1, 2])], [TensorSpec("y", "float32", [-1, 2])])
+
+
+def identity() -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_failure_before_config_pbtxt_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("killed before config.pbtxt")
+
+    monkeypatch.setattr(repository, "config_pbtxt", broken)
+    with pytest.raises(RuntimeError):
+        write_model(tmp_path, "m", 1, identity(), *SPECS, {"kind": "test"})
+    assert not (tmp_path / "m").exists()  # formerly: m/1/model.onnx visible without config.pbtxt or veil.json
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_the_model_folder_is_complete_at_the_instant_it_is_published(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from veil import config
+
+    write_model(tmp_path, "m", 1, identity(), *SPECS, {"kind": "test", "tag": "v1"})
+    seen = []
+    publish = config.publish_dir
+
+    def spy(tmp: Path, final: Path) -> None:
+        seen.append(sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")))
+        assert json.loads((final / "veil.json").read_text())["tag"] == "v1"  # readers still see the old model
+        publish(tmp, final)
+
+    monkeypatch.setattr(config, "publish_dir", spy)
+    write_model(tmp_path, "m", 2, identity(), *SPECS, {"kind": "test", "tag": "v2"})
+    assert seen == [["1", "1/model.onnx", "2", "2/model.onnx", "config.pbtxt", "veil.json"]]
+    assert json.loads((tmp_path / "m" / "veil.json").read_text())["tag"] == "v2"
+    assert (tmp_path / "m" / "1" / "model.onnx").is_file()  # the other version is kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_a_failed_re_export_leaves_the_old_model_untouched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_model(tmp_path, "m", 1, identity(), *SPECS, {"kind": "test", "tag": "v1"})
+    before = {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir() if p.is_file()}
+
+    def broken(model, path):
+        Path(path).write_bytes(b"half a graph")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(onnx, "save_model", broken)
+    with pytest.raises(RuntimeError):
+        write_model(tmp_path, "m", 1, identity(), *SPECS, {"kind": "test", "tag": "v2"})
+    assert {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir() if p.is_file()} == before
+    onnx.checker.check_model(onnx.load(str(tmp_path / "m" / "1" / "model.onnx")))
