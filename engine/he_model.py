@@ -1,10 +1,18 @@
 """An encrypted-inference model version: a compiled HE plan served as an OIP v2 model.
 
 Request: one BYTES input ``ciphertext`` (shape [1]) holding a veil envelope (kind "request") of the
-client's ciphertexts, and ``parameters.key_id`` naming evaluation keys registered with ``POST /v2/he/keys``.
+client's ciphertexts, ``parameters.key_id`` naming evaluation keys registered with ``POST /v2/he/keys`` and
+``parameters.key_secret``, the owner's secret returned at registration.
 Response: one BYTES output ``ciphertext``, an envelope (kind "result") the client decrypts. The server
 holds no secret key and never sees data or results; it checks the envelope's key id, parameter hash and
-plan hash, the keys' parameters and rotation steps, and every ciphertext's parameters, level and scale.
+plan hash, the keys' owner, parameters and rotation steps, the ciphertext count against the plan's layout
+(413 beyond it, before any ciphertext is parsed), and every ciphertext fully (parameters, first level,
+exact scale, NTT form, size 2, not transparent) before evaluating; whatever SEAL still refuses is a 400.
+
+Limits: a latency plan takes at most ``he_max_batch`` ciphertexts (one per sample) per request, default
+:data:`DEFAULT_MAX_BATCH`, set per model in config.pbtxt with
+``parameters { key: "he_max_batch" value { string_value: "16" } }``; a throughput plan takes exactly one
+ciphertext per input feature. A key upload is capped by :func:`key_upload_limit`.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from veil.he.envelope import open_envelope, seal_envelope
-from veil.he.errors import MismatchError
+from veil.he.errors import EvaluationFailed, HEError, MismatchError
 from veil.he.evaluate import PlanEvaluator
+from veil.he.keys import max_bundle_bytes
 from veil.he.params import describe
 from veil.he.plan import Plan
 from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
@@ -33,6 +42,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("veil.engine")
 CIPHERTEXT = "ciphertext"
+DEFAULT_MAX_BATCH = 8  # latency mode: ciphertexts (samples) per request; each costs one full evaluation
 
 
 class HeModel:
@@ -64,17 +74,32 @@ class HeModel:
         except (OSError, ValueError) as exc:
             raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path.parent}: {exc}") from None
         self.plan_hash, self.params_hash = self.plan.hash(), self.params.hash()
+        self.max_ciphertexts = self._max_ciphertexts()
+        self.key_bundle_limit = max_bundle_bytes(self.params, self.plan.galois_steps)
         self.metrics = metrics.for_model(self.name, self.version, "veil_he", "veil_he")
         self.ready = True
         logger.info("HE model '%s' version %s ready (%s mode, N=%d, %d levels)", self.name, self.version,
                     self.plan.mode, self.params.poly_modulus_degree, self.plan.levels)
 
+    def _max_ciphertexts(self) -> int:
+        """Ciphertexts one request may carry: the input feature count (throughput), or ``he_max_batch`` (latency)."""
+        if self.plan.mode == "throughput":
+            return int(self.plan.spec["inputs"][0]["features"])
+        raw = self.config.parameters.get("he_max_batch", str(DEFAULT_MAX_BATCH))
+        if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+            raise ModelLoadFailed(f"model '{self.name}': config.pbtxt parameters.he_max_batch expected an int >= 1, "
+                                  f"received {raw!r}")
+        return int(raw)
+
     def check_inputs(self, inputs: list[InputTensor], parameters: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
-        """One BYTES ``ciphertext`` of shape [1] and a string ``parameters.key_id``."""
-        key_id = (parameters or {}).get("key_id")
+        """One BYTES ``ciphertext`` of shape [1], and strings ``parameters.key_id`` and ``parameters.key_secret``."""
+        key_id, key_secret = ((parameters or {}).get(k) for k in ("key_id", "key_secret"))
         if not isinstance(key_id, str) or not key_id:
             raise MissingInput(f"model '{self.name}': parameters.key_id expected the id returned by POST /v2/he/keys, "
-                               f"received {key_id!r}")
+                               f"received {str(key_id)[:80]!r}")
+        if not isinstance(key_secret, str) or not key_secret:
+            raise MissingInput(f"model '{self.name}': parameters.key_secret expected the secret returned by "
+                               f"POST /v2/he/keys, received {'none' if key_secret is None else type(key_secret).__name__}")
         feeds = {}
         for tensor in inputs:
             if tensor.name != CIPHERTEXT:
@@ -86,7 +111,7 @@ class HeModel:
             feeds[CIPHERTEXT] = bytes(tensor.data.reshape(-1)[0])
         if CIPHERTEXT not in feeds:
             raise MissingInput(f"model '{self.name}': missing inputs ['{CIPHERTEXT}']")
-        return {**feeds, "key_id": key_id}, 1
+        return {**feeds, "key_id": key_id, "key_secret": key_secret}, 1
 
     async def infer(self, feeds: dict[str, Any], batch: int) -> tuple[dict[str, np.ndarray], int]:
         """Evaluate the plan on the request's ciphertexts in a worker thread (SEAL releases the GIL)."""
@@ -96,7 +121,7 @@ class HeModel:
         key_id = feeds["key_id"]
         envelope = open_envelope(feeds[CIPHERTEXT], expect_kind="request", expect_key_id=key_id,
                                  expect_params_hash=self.params_hash, expect_plan_hash=self.plan_hash)
-        keys = self.keystore.get(key_id)
+        keys = self.keystore.get(key_id, feeds["key_secret"])
         if keys.params.hash() != self.params_hash:
             raise MismatchError(f"key_id {key_id}: keys were made for parameters {keys.params.hash()[:12]}, "
                                 f"model '{self.name}' expects {self.params_hash[:12]}")
@@ -104,8 +129,17 @@ class HeModel:
         if missing:
             raise MismatchError(f"key_id {key_id}: Galois keys for steps {missing} are missing (the key manifest "
                                 f"of model '{self.name}' is {self.plan.galois_steps})")
+        cts = ciphertexts_from_bytes(self.params, envelope.payload, max_count=self.max_ciphertexts, fresh=True)
         start = time.perf_counter()
-        result = self.evaluator.run(ciphertexts_from_bytes(self.params, envelope.payload), keys)
+        try:
+            result = self.evaluator.run(cts, keys)
+        except HEError:
+            raise
+        except (RuntimeError, ValueError) as exc:  # SEAL's refusals of ciphertexts that passed every check
+            logger.warning("HE model '%s': SEAL refused to evaluate key %s's ciphertexts: %s: %s", self.name, key_id,
+                           type(exc).__name__, str(exc)[:200])
+            raise EvaluationFailed(f"model '{self.name}': SEAL refused to evaluate the ciphertexts "
+                                   f"({type(exc).__name__}: {str(exc)[:200]})") from None
         payload = ciphertexts_to_bytes(result)
         return seal_envelope(payload, kind="result", key_id=key_id, params_hash=self.params_hash,
                              plan_hash=self.plan_hash, meta={"server_seconds": round(time.perf_counter() - start, 6),
@@ -121,9 +155,18 @@ class HeModel:
                 "parameters": {"he": {"mode": self.plan.mode, "levels": self.plan.levels,
                                       "parameters": self.params.to_dict(), "params_hash": self.params_hash,
                                       "plan_hash": self.plan_hash, "galois_steps": self.plan.galois_steps,
+                                      "max_ciphertexts": self.max_ciphertexts,
+                                      "key_bundle_limit_bytes": self.key_bundle_limit,
                                       "describe": describe(self.params, self.plan.galois_steps),
                                       "plan": client_plan},
                                "veil": self.manifest}}
 
     async def unload(self) -> None:
         self.ready = False
+
+
+def key_upload_limit(plane: DataPlane) -> int | None:
+    """The largest key bundle any served HE plan's key manifest needs (None: no HE model is loaded)."""
+    limits = [m.key_bundle_limit for versions in plane.models.values() for m in versions.values()
+              if isinstance(m, HeModel) and m.ready]
+    return max(limits, default=None)

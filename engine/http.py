@@ -31,7 +31,7 @@ from veil import __version__
 
 from .adapters import adapter_metadata
 from .dataplane import DataPlane
-from .errors import MalformedRequest, PayloadTooLarge, RepositoryApiDisabled, Unauthorized
+from .errors import MalformedRequest, ModelNotFound, PayloadTooLarge, RepositoryApiDisabled, Unauthorized
 from .protocol import decode_request, encode_response, header_length
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "veil_he_keys"]
@@ -45,19 +45,28 @@ def _plane(request: Request) -> DataPlane:
     return request.app.state.dataplane
 
 
-async def read_body(request: Request, limit: int | None = None) -> bytes:
-    """The body, refused with 413 as soon as it passes ``limit`` (default ``max_body_bytes``; declared or streamed)."""
+async def read_body(request: Request, limit: int | None = None, flag: str = "--max-body-mb") -> bytes:
+    """The body, refused with 413 as soon as it passes ``limit`` (default ``max_body_bytes``; declared or streamed).
+
+    ``flag`` names the limit in the 413 message (what the operator would change)."""
     limit = request.app.state.max_body_bytes if limit is None else limit
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body: expected at most {limit} bytes (--max-body-mb), received {declared}")
+        raise PayloadTooLarge(f"request body: expected at most {limit} bytes ({flag}), received {declared}")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"request body: expected at most {limit} bytes (--max-body-mb), received more")
+            raise PayloadTooLarge(f"request body: expected at most {limit} bytes ({flag}), received more")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (the scheme is case-insensitive, RFC 6750 §2.1)."""
+    scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
 
 
 # -- health and metadata ------------------------------------------------------------------------------
@@ -138,8 +147,8 @@ def _check_admin(request: Request) -> None:
     token = request.app.state.admin_token
     if token is None:
         raise RepositoryApiDisabled("the repository API is off: start the server with --admin-token or VEIL_ADMIN_TOKEN")
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    given = bearer_token(request) or ""
+    if not hmac.compare_digest(given.encode(), token.encode()):
         raise Unauthorized("repository API: expected the header 'Authorization: Bearer <admin token>'")
 
 
@@ -179,10 +188,44 @@ async def repository_unload(request: Request, model: str) -> Response:
 # -- encrypted inference --------------------------------------------------------------------------------
 async def register_he_keys(request: Request) -> Response:
     """``POST /v2/he/keys``: a veil evaluation-key bundle (relinearization + Galois keys, no secret key)
-    -> ``{"key_id"}`` to pass as ``parameters.key_id`` on encrypted inference requests."""
-    import asyncio
+    -> ``{"key_id", "key_secret"}`` to pass as ``parameters.key_id`` / ``parameters.key_secret`` on encrypted
+    inference requests. Renewing a registered key set takes ``Authorization: Bearer <key_secret>``.
 
-    store = _plane(request).keystore()
-    body = await read_body(request, limit=store.quota_bytes)  # key bundles outgrow --max-body-mb
-    key_id = await asyncio.to_thread(store.register, body)
-    return _json({"key_id": key_id, "bytes": len(body), "ttl_seconds": store.ttl_seconds})
+    The body is capped at what the largest served plan's key manifest needs (:func:`key_upload_limit`),
+    checked against the declared length before reading, and spooled to an unnamed file while it arrives."""
+    import asyncio
+    import tempfile
+
+    from .he_model import key_upload_limit
+
+    plane = _plane(request)
+    store, limit = plane.keystore(), key_upload_limit(plane)
+    if limit is None:
+        raise ModelNotFound("POST /v2/he/keys: no encrypted-inference (veil_he) model is loaded, so no key is accepted")
+    flag = "the largest served HE plan's key bundle"
+    if store.quota_bytes < limit:
+        limit, flag = store.quota_bytes, "--he-key-quota-mb"
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"key bundle: expected at most {limit} bytes ({flag}), received {declared}")
+    with tempfile.TemporaryFile(dir=store.root) as spool:  # unnamed where the OS allows; never in memory whole
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"key bundle: expected at most {limit} bytes ({flag}), received more")
+            spool.write(chunk)
+        spool.seek(0)
+        body = spool.read()
+    source = request.client.host if request.client is not None else "unknown"
+    reg = await asyncio.to_thread(store.register, body, source=source, key_secret=bearer_token(request))
+    return _json({"key_id": reg.key_id, "key_secret": reg.key_secret, "bytes": reg.size,
+                  "ttl_seconds": store.ttl_seconds})
+
+
+async def delete_he_keys(request: Request, key_id: str) -> Response:
+    """``DELETE /v2/he/keys/{key_id}`` with ``Authorization: Bearer <key_secret or admin token>``."""
+    token, admin = bearer_token(request), request.app.state.admin_token
+    is_admin = token is not None and admin is not None and hmac.compare_digest(token.encode(), admin.encode())
+    _plane(request).keystore().delete(key_id, token, admin=is_admin)
+    return _json({})

@@ -65,12 +65,18 @@ class ServerConfig(Config):
     he_key_dir: str = field("", "where registered HE evaluation keys are stored (default: <repo>/.he-keys)")
     he_key_quota_mb: float = field(2048.0, "disk quota for registered HE evaluation keys, MiB")
     he_key_ttl_s: float = field(86400.0, "seconds a registered HE key stays valid")
+    he_key_cache: int = field(8, "registered HE key sets kept parsed in memory (LRU; ~290 MiB each at N=16384)")
+    he_keys_per_source: int = field(4, "HE key sets one client address may hold; one more evicts its least "
+                                       "recently used")
 
     def validate(self) -> None:
         if not self.repo:
             raise ConfigError("ServerConfig.repo: expected a model repository folder (--repo DIR), received ''")
         if self.max_body_mb <= 0:
             raise ConfigError(f"ServerConfig.max_body_mb: expected > 0, received {self.max_body_mb}")
+        if self.he_key_cache < 0 or self.he_keys_per_source < 1:
+            raise ConfigError(f"ServerConfig: expected he_key_cache >= 0 and he_keys_per_source >= 1, received "
+                              f"{self.he_key_cache} and {self.he_keys_per_source}")
         if self.admin_token == "":
             raise ConfigError("ServerConfig.admin_token: expected a non-empty token or none, received ''")
 
@@ -84,7 +90,8 @@ def _keystore(config: ServerConfig):  # -> veil.he.keystore.KeyStore
     from veil.he.keystore import KeyStore
 
     root = Path(config.he_key_dir) if config.he_key_dir else Path(config.repo) / ".he-keys"
-    return KeyStore(root, quota_bytes=int(config.he_key_quota_mb * 2**20), ttl_seconds=config.he_key_ttl_s)
+    return KeyStore(root, quota_bytes=int(config.he_key_quota_mb * 2**20), ttl_seconds=config.he_key_ttl_s,
+                    memory_items=config.he_key_cache, keys_per_source=config.he_keys_per_source)
 
 
 def create_app(config: ServerConfig) -> FastAPI:
@@ -127,6 +134,7 @@ def add_routes(app: FastAPI) -> None:
         app.add_api_route(base + "/config", http.model_config, methods=["GET"])
         app.add_api_route(base + "/stats", http.model_stats, methods=["GET"])
     app.add_api_route("/v2/he/keys", http.register_he_keys, methods=["POST"])
+    app.add_api_route("/v2/he/keys/{key_id}", http.delete_he_keys, methods=["DELETE"])
     app.add_api_route("/v2/repository/index", http.repository_index, methods=["POST"])
     app.add_api_route("/v2/repository/models/{model}/load", http.repository_load, methods=["POST"])
     app.add_api_route("/v2/repository/models/{model}/unload", http.repository_unload, methods=["POST"])

@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     verb, args = argv[0], build_parser(argv[0]).parse_args(argv[1:])
     passphrase = os.environ.get(args.passphrase_env) if args.passphrase_env else None
+    if args.passphrase_env and not passphrase:  # never fall back to a cleartext keyring silently
+        print(f"veil he {verb}: --passphrase-env expected the variable {args.passphrase_env} to hold a non-empty "
+              "passphrase, received it unset or empty", file=sys.stderr)
+        return 2
     if verb == "keygen":
         he = HeSession.model_he(args.server.rstrip("/"), args.model)
         report = describe(CkksParameters.from_dict(he["parameters"]), he["galois_steps"])

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 from veil.he.envelope import open_envelope, seal_envelope
-from veil.he.errors import HEError
+from veil.he.errors import HEError, KeyringError
 from veil.he.keys import SecretKeyring
 from veil.he.params import CkksParameters
 from veil.he.plan import Plan
@@ -47,13 +47,14 @@ def _request(url: str, body: bytes | None = None, headers: dict[str, str] | None
 
 @dataclass
 class HeSession:
-    """A client's keyring plus what it registered: server, model, key id, hashes and the plan layout."""
+    """A client's keyring plus what it registered: server, model, key id and secret, hashes and the plan layout."""
 
     url: str
     model: str
     key_id: str
     keyring: SecretKeyring
     he: dict[str, Any]  # the model metadata's parameters.he (parameters, hashes, key manifest, plan layout)
+    key_secret: str = ""  # returned by POST /v2/he/keys; the server requires it to use or delete the key set
 
     @property
     def plan(self) -> Plan:
@@ -79,15 +80,21 @@ class HeSession:
         keyring.save(keyring_path, passphrase)
         body, _ = _request(f"{url}/v2/he/keys", keyring.evaluation_keys().to_bytes(),
                            {"Content-Type": "application/octet-stream"})
-        session = cls(url, model, json.loads(body)["key_id"], keyring, he)
+        registered = json.loads(body)
+        session = cls(url, model, registered["key_id"], keyring, he, registered["key_secret"])
         write_atomic(Path(f"{keyring_path}.json"), json.dumps(
-            {"url": url, "model": model, "key_id": session.key_id, "he": he}, indent=1))
+            {"url": url, "model": model, "key_id": session.key_id, "key_secret": session.key_secret, "he": he},
+            indent=1))
         return session
 
     @classmethod
     def load(cls, keyring_path: str | Path, passphrase: str | None = None) -> HeSession:
         info = json.loads(Path(f"{keyring_path}.json").read_text())
-        return cls(info["url"], info["model"], info["key_id"], SecretKeyring.load(keyring_path, passphrase), info["he"])
+        if not info.get("key_secret"):
+            raise KeyringError(f"{keyring_path}.json: key_secret expected (the server requires it since keys have "
+                              "owners), received none; run `veil he keygen` again")
+        return cls(info["url"], info["model"], info["key_id"], SecretKeyring.load(keyring_path, passphrase), info["he"],
+                   info["key_secret"])
 
     def encrypt(self, x: np.ndarray) -> bytes:
         """Encrypt a batch (B, *input shape) into a request envelope for this model and key."""
@@ -99,7 +106,8 @@ class HeSession:
         """POST the envelope as a BYTES tensor with the binary extension; returns the result envelope."""
         header = json.dumps({"inputs": [{"name": "ciphertext", "shape": [1], "datatype": "BYTES",
                                          "parameters": {"binary_data_size": 4 + len(envelope)}}],
-                             "parameters": {"key_id": self.key_id, "binary_data_output": True}}).encode()
+                             "parameters": {"key_id": self.key_id, "key_secret": self.key_secret,
+                                            "binary_data_output": True}}).encode()
         body, headers = _request(f"{self.url}/v2/models/{self.model}/infer",
                                  header + struct.pack("<I", len(envelope)) + envelope,
                                  {"Inference-Header-Content-Length": str(len(header)),

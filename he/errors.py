@@ -44,6 +44,12 @@ class SecretKeyRefused(HEError):
     http_status = 403
 
 
+class KeyAccessDenied(HEError):
+    """The key secret given for a key id is missing or wrong (each key set has an owner). HTTP 403."""
+
+    http_status = 403
+
+
 class UnknownKey(HEError):
     """No evaluation keys are registered under this key id. HTTP 404."""
 
@@ -60,6 +66,16 @@ class QuotaExceeded(HEError):
     """Storing these evaluation keys would exceed the key store's byte quota. HTTP 413."""
 
     http_status = 413
+
+
+class TooManyCiphertexts(HEError):
+    """A request carries more ciphertexts than the model's layout takes in one evaluation. HTTP 413."""
+
+    http_status = 413
+
+
+class EvaluationFailed(HEError):
+    """SEAL refused to evaluate ciphertexts that passed every check (the client's ciphertexts). HTTP 400."""
 
 
 class KeyringError(HEError):

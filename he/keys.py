@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 import tenseal.sealapi as sa
-from veil.he.errors import KeyringError, MalformedKeys, MismatchError, ParameterError
-from veil.he.params import CkksParameters
+from veil.he.errors import HEError, KeyringError, MalformedKeys, MismatchError, ParameterError
+from veil.he.params import CkksParameters, galois_key_count
 from veil.he.serialize import (
+    check_fields,
     ciphertexts_to_bytes,
     pack,
     seal_from_bytes,
@@ -45,7 +46,12 @@ from veil.config import write_atomic
 EVALUATION_KEYS_MAGIC = b"VEILEVK\x00"
 KEYRING_MAGIC = b"VEILSK\x00\x00"
 FORMAT_VERSION = 1
-_SCRYPT = {"n": 2**15, "r": 8, "p": 1}  # ~32 MiB, ~0.1 s per derivation
+_SCRYPT = {"n": 2**17, "r": 8, "p": 1}  # 128 MiB, ~0.5 s per derivation (current guidance: n >= 2^17)
+# What a keyring file may ask scrypt for: n a power of two up to 2^20, 128·n·r bytes of memory up to 1 GiB.
+_SCRYPT_MAX = {"n": 2**20, "r": 32, "p": 16}
+_SCRYPT_MAX_MEMORY = 2**30
+_EVK_FIELDS = ("galois_steps", "lengths", "params", "params_hash", "sections")
+_SEAL_HEADER_BYTES = 16
 
 
 def normalize_steps(params: CkksParameters, galois_steps: Sequence[int]) -> tuple[int, ...]:
@@ -56,6 +62,19 @@ def normalize_steps(params: CkksParameters, galois_steps: Sequence[int]) -> tupl
             raise ParameterError(f"galois_steps: expected non-zero ints with |step| < {params.slots}, received {s!r}")
         steps.add(int(s))
     return tuple(sorted(steps))
+
+
+def max_bundle_bytes(params: CkksParameters, galois_steps: Sequence[int]) -> int:
+    """The most bytes a seeded evaluation-key bundle for ``galois_steps`` can take at ``params``, plus 5 %.
+
+    One key-switching key (the relinearization key, or one Galois key) holds, for each of the L data primes,
+    a seeded ciphertext at the key level: one polynomial of N coefficients over all L + 1 primes (8 bytes
+    each) plus its seed. zstd only shrinks that; an unseeded bundle is twice as large and is refused.
+    """
+    primes = len(params.coeff_mod_bit_sizes)
+    per_key = (primes - 1) * (params.poly_modulus_degree * primes * 8 + 4 * _SEAL_HEADER_BYTES + 64)
+    keys = 1 + galois_key_count(params, list(galois_steps))
+    return int(keys * per_key * 1.05) + 64 * 1024  # the JSON header and SEAL's per-object headers
 
 
 def galois_element(params: CkksParameters, step: int) -> int:
@@ -121,20 +140,22 @@ class EvaluationKeys:
             SecurityError, ParameterError: the stated parameters are refused.
         """
         _, header, payload = unpack(data, EVALUATION_KEYS_MAGIC, (FORMAT_VERSION,), MalformedKeys, "evaluation_keys")
-        sections = header.get("sections")
+        check_fields(header, _EVK_FIELDS, MalformedKeys, "evaluation_keys")  # nothing unparsed is ever stored
+        sections = header["sections"]
         if sections not in (["relin"], ["relin", "galois"]):
             raise MalformedKeys(f"evaluation_keys.sections: expected ['relin'] or ['relin', 'galois'], "
                                 f"received {sections!r}")
-        params = CkksParameters.from_dict(header.get("params"))
-        if header.get("params_hash") != params.hash():
+        params = _parameters(header["params"], MalformedKeys, "evaluation_keys.params")
+        if header["params_hash"] != params.hash():
             raise MalformedKeys(f"evaluation_keys.params_hash: expected {params.hash()}, "
-                                f"received {header.get('params_hash')!r}")
-        blobs = split_sections(payload, header.get("lengths"), MalformedKeys, "evaluation_keys")
+                                f"received {str(header['params_hash'])[:80]!r}")
+        blobs = split_sections(payload, header["lengths"], MalformedKeys, "evaluation_keys")
         if len(blobs) != len(sections):
             raise MalformedKeys(f"evaluation_keys.lengths: expected {len(sections)} entries, received {len(blobs)}")
-        steps = header.get("galois_steps")
-        if not isinstance(steps, list):
-            raise MalformedKeys(f"evaluation_keys.galois_steps: expected a list, received {steps!r}")
+        steps = header["galois_steps"]
+        if not isinstance(steps, list) or len(steps) >= params.slots:
+            raise MalformedKeys(f"evaluation_keys.galois_steps: expected a list of < {params.slots} steps, "
+                                f"received {str(steps)[:80]}")
         return cls(params, blobs[0], blobs[1] if len(blobs) > 1 else None, steps)
 
     @property
@@ -229,9 +250,14 @@ class SecretKeyring:
 
         With a passphrase the secret key is encrypted with Fernet (AES-128-CBC + HMAC-SHA256) under a
         scrypt-derived key (``cryptography`` package). **Without one the secret key is stored in the clear**:
-        anyone who can read the file can decrypt everything encrypted under it.
+        anyone who can read the file can decrypt everything encrypted under it. The secret key is
+        serialized in memory (:mod:`veil.he.serialize`); only the finished file reaches the disk.
+
+        Raises:
+            KeyringError: an empty passphrase (pass None to store the key in the clear, knowingly).
         """
-        secret = seal_to_bytes(self._secret_key)
+        _check_passphrase(passphrase, "save")
+        secret = seal_to_bytes(self._secret_key, secret=True)
         header: dict[str, Any] = {"params": self.params.to_dict(), "galois_steps": list(self.galois_steps),
                                   "protection": "none"}
         if passphrase is not None:
@@ -246,18 +272,22 @@ class SecretKeyring:
         """Read a keyring written by :meth:`save`.
 
         Raises:
-            KeyringError: malformed file, missing or wrong passphrase.
+            KeyringError: malformed file, scrypt settings out of bounds, missing, empty or wrong passphrase.
         """
+        _check_passphrase(passphrase, "load")
         _, header, secret = unpack(Path(path).read_bytes(), KEYRING_MAGIC, (FORMAT_VERSION,), KeyringError, "keyring")
         if header.get("protection") == "fernet-scrypt":
             if passphrase is None:
                 raise KeyringError(f"keyring {path}: expected a passphrase (the secret key is encrypted), received none")
             from cryptography.fernet import InvalidToken
 
+            scrypt = _scrypt_settings(header.get("scrypt"), path)
             try:
-                fernet = _fernet(passphrase, bytes.fromhex(header["salt"]), header["scrypt"])
-            except (KeyError, TypeError, ValueError) as exc:
-                raise KeyringError(f"keyring {path}: malformed salt or scrypt settings ({exc!r})") from None
+                salt = bytes.fromhex(header["salt"])
+            except (KeyError, TypeError, ValueError):
+                raise KeyringError(f"keyring {path}: salt expected hex bytes, received "
+                                   f"{str(header.get('salt'))[:40]!r}") from None
+            fernet = _fernet(passphrase, salt, scrypt)
             try:
                 secret = fernet.decrypt(secret)
             except InvalidToken:
@@ -265,12 +295,42 @@ class SecretKeyring:
         elif header.get("protection") != "none":
             raise KeyringError(f"keyring.protection: expected 'none' or 'fernet-scrypt', "
                                f"received {header.get('protection')!r}")
-        params = CkksParameters.from_dict(header.get("params"))
+        params = _parameters(header.get("params"), KeyringError, f"keyring {path}: params")
         try:
-            secret_key = seal_from_bytes(sa.SecretKey(), params.seal_context(), secret)
+            secret_key = seal_from_bytes(sa.SecretKey(), params.seal_context(), secret, secret=True)
         except Exception as exc:  # SEAL raises RuntimeError/ValueError subclasses for bad input
             raise KeyringError(f"keyring {path}: secret key does not load ({type(exc).__name__}: {exc})") from None
         return cls(params, secret_key, header.get("galois_steps", []))
+
+
+def _parameters(data: Any, error: type[HEError], what: str) -> CkksParameters:
+    """``CkksParameters.from_dict`` for untrusted JSON: wrong types become ``error``, not a TypeError."""
+    if not isinstance(data, dict) or not isinstance(data.get("coeff_mod_bit_sizes"), list):
+        raise error(f"{what}: expected a JSON object with a list coeff_mod_bit_sizes, received {str(data)[:120]}")
+    return CkksParameters.from_dict(data)
+
+
+def _check_passphrase(passphrase: str | None, verb: str) -> None:
+    if passphrase is not None and (not isinstance(passphrase, str) or not passphrase):
+        raise KeyringError(f"keyring {verb}: passphrase expected a non-empty string (or None to keep the secret key "
+                           f"in the clear), received {'an empty string' if passphrase == '' else type(passphrase).__name__}")
+
+
+def _scrypt_settings(scrypt: Any, path: str | os.PathLike[str]) -> dict[str, int]:
+    """scrypt settings read from a keyring file, bounded so a crafted file cannot exhaust time or memory."""
+    if not isinstance(scrypt, dict) or set(scrypt) != set(_SCRYPT):
+        raise KeyringError(f"keyring {path}: scrypt expected the fields {sorted(_SCRYPT)}, received {str(scrypt)[:80]}")
+    for name, most in _SCRYPT_MAX.items():
+        value = scrypt[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise KeyringError(f"keyring {path}: scrypt.{name} expected an int in 1..{most}, received {str(value)[:40]}")
+    n, r = scrypt["n"], scrypt["r"]
+    if n < 2 or n & (n - 1):
+        raise KeyringError(f"keyring {path}: scrypt.n expected a power of two >= 2, received {n}")
+    if 128 * n * r > _SCRYPT_MAX_MEMORY:
+        raise KeyringError(f"keyring {path}: scrypt expected 128·n·r <= {_SCRYPT_MAX_MEMORY} bytes of memory, "
+                           f"received n={n}, r={r} ({128 * n * r} bytes)")
+    return dict(scrypt)
 
 
 def _fernet(passphrase: str, salt: bytes, scrypt: dict[str, int]) -> Any:

@@ -1,22 +1,30 @@
-"""Server-side store of clients' evaluation keys: content-addressed, quota-bound, expiring, LRU-cached.
+"""Server-side store of clients' evaluation keys: content-addressed, owned, quota-bound, expiring, LRU-evicted.
 
 A client registers its :class:`~veil.he.keys.EvaluationKeys` bytes once and gets back a ``key_id`` (the
-SHA-256 of those bytes); requests then carry the key id. The store refuses anything holding a secret key
-(a veil keyring, a private TenSEAL context), keys over the byte quota and malformed keys; keys expire
+SHA-256 of the canonical bundle) and a ``key_secret``: a random token only that client holds, required to
+use or delete the key set (the operator's admin token may delete any). The store refuses anything holding
+a secret key (a veil keyring, a private TenSEAL context), malformed keys and bundles larger than the whole
+quota; it stores only what it parsed (the bundle re-serialized from its parsed fields). Bounds: each source
+(client address) holds at most ``keys_per_source`` key sets, and when the byte quota is full the least
+recently used key sets are evicted, so neither one client nor a flood of them locks others out; keys expire
 ``ttl_seconds`` after their last registration. Logs carry key ids and sizes only, never key material.
 
 Example:
     >>> store = KeyStore(Path("/var/lib/veil/keys"), quota_bytes=2**30, ttl_seconds=86400)
-    >>> key_id = store.register(evaluation_key_bytes)         # doctest: +SKIP
-    >>> keys = store.get(key_id)                               # doctest: +SKIP
+    >>> reg = store.register(evaluation_key_bytes, source="10.0.0.7")   # doctest: +SKIP
+    >>> keys = store.get(reg.key_id, reg.key_secret)                    # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import hmac
+import json
 import logging
 import os
 import re
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -24,14 +32,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from veil.he.errors import ExpiredKey, MalformedKeys, QuotaExceeded, SecretKeyRefused, UnknownKey
+from veil.he.errors import (
+    ExpiredKey,
+    KeyAccessDenied,
+    MalformedKeys,
+    QuotaExceeded,
+    SecretKeyRefused,
+    UnknownKey,
+)
 from veil.he.keys import EVALUATION_KEYS_MAGIC, KEYRING_MAGIC, EvaluationKeys
 
 from veil.config import write_atomic
 
 log = logging.getLogger(__name__)
 _KEY_ID = re.compile(r"^[0-9a-f]{64}$")
-_SUFFIX = ".evk"
+_SUFFIX, _OWNER = ".evk", ".owner"
 
 
 def refuse_foreign_formats(data: bytes) -> None:
@@ -60,27 +75,47 @@ def refuse_foreign_formats(data: bytes) -> None:
                         "(SecretKeyring.evaluation_keys().to_bytes()), which carry only the Galois steps needed")
 
 
-class KeyStore:
-    """Evaluation keys on disk under ``root``, with a byte quota, a TTL and an in-memory LRU.
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """What :meth:`KeyStore.register` returns.
 
     Args:
-        root: folder holding one ``<key_id>.evk`` file per registered key set.
-        quota_bytes: the most bytes all stored key sets may take together.
+        key_id (str): the SHA-256 hex of the stored (canonical) bundle.
+        key_secret (str | None): the owner's token, returned once; None when the owner renewed a key set.
+        size (int): bytes stored.
+    """
+
+    key_id: str
+    key_secret: str | None
+    size: int
+
+
+class KeyStore:
+    """Evaluation keys on disk under ``root``: owners, a byte quota, per-source bounds, a TTL and LRU eviction.
+
+    Args:
+        root: folder holding ``<key_id>.evk`` (the bundle) and ``<key_id>.owner`` (secret hash, source).
+        quota_bytes: the most bytes all stored key sets may take together (LRU eviction beyond).
         ttl_seconds: seconds a key set lives after its last registration.
-        memory_items: parsed key sets kept in memory (least recently used evicted first).
+        memory_items: parsed key sets kept in memory (least recently used dropped first).
+        keys_per_source: key sets one source may hold; registering one more evicts its least recently used.
         clock: the time source (seconds); tests pass a fake one.
     """
 
     def __init__(self, root: Path, quota_bytes: int, ttl_seconds: float, memory_items: int = 8,
-                 clock: Callable[[], float] = time.time) -> None:
-        if quota_bytes <= 0 or ttl_seconds <= 0 or memory_items < 0:
-            raise ValueError(f"KeyStore: expected quota_bytes > 0, ttl_seconds > 0, memory_items >= 0, received "
-                             f"{quota_bytes}, {ttl_seconds}, {memory_items}")
+                 keys_per_source: int = 4, clock: Callable[[], float] = time.time) -> None:
+        if quota_bytes <= 0 or ttl_seconds <= 0 or memory_items < 0 or keys_per_source < 1:
+            raise ValueError(f"KeyStore: expected quota_bytes > 0, ttl_seconds > 0, memory_items >= 0, "
+                             f"keys_per_source >= 1, received {quota_bytes}, {ttl_seconds}, {memory_items}, "
+                             f"{keys_per_source}")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.quota_bytes, self.ttl_seconds, self.memory_items = quota_bytes, ttl_seconds, memory_items
+        self.keys_per_source = keys_per_source
         self._clock = clock
         self._cache: OrderedDict[str, EvaluationKeys] = OrderedDict()
+        self._owners: dict[str, dict[str, str]] = {}  # key_id -> {"secret_sha256", "source"}
+        self._used: dict[str, float] = {}  # key_id -> last registration or use (LRU order)
         self._lock = threading.RLock()
 
     def _path(self, key_id: str) -> Path:
@@ -96,25 +131,51 @@ class KeyStore:
 
     def _forget(self, path: Path) -> None:
         path.unlink(missing_ok=True)
-        self._cache.pop(path.stem, None)
+        path.with_suffix(_OWNER).unlink(missing_ok=True)
+        for table in (self._cache, self._owners, self._used):
+            table.pop(path.stem, None)
+
+    def _owner(self, key_id: str) -> dict[str, str] | None:
+        """The owner record of a stored key set (None for a bundle without one: never usable)."""
+        if key_id not in self._owners:
+            try:
+                record = json.loads(self.root.joinpath(f"{key_id}{_OWNER}").read_text())
+            except (OSError, ValueError):
+                return None
+            if not isinstance(record, dict) or not isinstance(record.get("secret_sha256"), str):
+                return None
+            self._owners[key_id] = record
+        return self._owners[key_id]
+
+    def _last_used(self, path: Path) -> float:
+        return self._used.get(path.stem, path.stat().st_mtime)
 
     def purge_expired(self) -> int:
-        """Delete every expired key set; return how many were deleted."""
+        """Delete every expired key set (and owner records left without a bundle); return how many key sets."""
         with self._lock:
             expired = [p for p in self._files() if self._expired(p)]
             for p in expired:
                 self._forget(p)
                 log.info("he keystore: expired key %s deleted", p.stem)
+            for owner in self.root.glob(f"*{_OWNER}"):
+                if not owner.with_suffix(_SUFFIX).exists():
+                    owner.unlink(missing_ok=True)
             return len(expired)
 
-    def register(self, data: bytes) -> str:
-        """Validate and store evaluation keys; return their key id (SHA-256 hex of ``data``).
+    def register(self, data: bytes, *, source: str = "local", key_secret: str | None = None) -> Registration:
+        """Validate and store evaluation keys; return their key id and, for a new key set, its owner's secret.
 
-        Registering the same bytes again returns the same id and restarts its TTL.
+        Registering the same keys again restarts their TTL; it takes the owner's ``key_secret``.
+
+        Args:
+            data: a veil evaluation-key bundle.
+            source: who uploads (the client address): bounds how many key sets one source holds.
+            key_secret: the owner's secret, to renew a key set already registered.
 
         Raises:
             SecretKeyRefused: the payload holds a secret key.
-            QuotaExceeded: storing it would exceed ``quota_bytes``.
+            QuotaExceeded: the bundle alone is larger than ``quota_bytes``.
+            KeyAccessDenied: the key set is registered already and ``key_secret`` is not its owner's.
             MalformedKeys, SecurityError, ParameterError: not valid veil evaluation keys.
         """
         if not isinstance(data, (bytes, bytearray)):
@@ -122,22 +183,55 @@ class KeyStore:
         data = bytes(data)
         refuse_foreign_formats(data)
         if len(data) > self.quota_bytes:
-            raise QuotaExceeded(f"register: expected at most {self.quota_bytes} bytes, received {len(data)}")
+            raise QuotaExceeded(f"register: expected at most {self.quota_bytes} bytes (--he-key-quota-mb), "
+                                f"received {len(data)}")
         keys = EvaluationKeys.from_bytes(data)
-        key_id = hashlib.sha256(data).hexdigest()
+        canonical = keys.to_bytes()  # only the parsed fields: nothing else a client sent is stored
+        key_id = hashlib.sha256(canonical).hexdigest()
         with self._lock:
             self.purge_expired()
             path, now = self._path(key_id), self._clock()
-            if not path.exists():
-                used = sum(p.stat().st_size for p in self._files())
-                if used + len(data) > self.quota_bytes:
-                    raise QuotaExceeded(f"register: expected at most {self.quota_bytes - used} more bytes "
-                                        f"(quota {self.quota_bytes}, used {used}), received {len(data)}")
-                write_atomic(path, data)
+            secret = None
+            if path.exists():
+                self._authorize(key_id, key_secret)
+            else:
+                self._make_room(source, len(canonical))
+                secret = secrets.token_urlsafe(32)
+                write_atomic(path.with_suffix(_OWNER), json.dumps({"secret_sha256": _digest(secret), "source": source}))
+                write_atomic(path, canonical)
             os.utime(path, (now, now))
+            self._used[key_id] = now
             self._remember(key_id, keys)
-        log.info("he keystore: registered key %s (%d bytes)", key_id, len(data))
-        return key_id
+        log.info("he keystore: %s key %s (%d bytes)", "registered" if secret else "renewed", key_id, len(canonical))
+        return Registration(key_id, secret, len(canonical))
+
+    def _make_room(self, source: str, size: int) -> None:
+        """Evict ``source``'s least recently used key sets down to its bound, then anyone's until ``size`` fits."""
+        files = sorted(self._files(), key=self._last_used)
+        mine = [p for p in files if (self._owner(p.stem) or {}).get("source") == source]
+        while len(mine) >= self.keys_per_source:
+            victim = mine.pop(0)
+            files.remove(victim)
+            self._evict(victim, f"source {source!r} holds {self.keys_per_source} key sets (--he-keys-per-source)")
+        used = sum(p.stat().st_size for p in files)
+        while files and used + size > self.quota_bytes:
+            victim = files.pop(0)
+            used -= victim.stat().st_size
+            self._evict(victim, f"the quota of {self.quota_bytes} bytes is full (--he-key-quota-mb)")
+
+    def _evict(self, path: Path, why: str) -> None:
+        self._forget(path)
+        log.info("he keystore: evicted least recently used key %s: %s", path.stem, why)
+
+    def _authorize(self, key_id: str, key_secret: str | None) -> None:
+        owner = self._owner(key_id)
+        if owner is None:
+            self._forget(self._path(key_id))
+            raise UnknownKey(f"key_id: the evaluation keys under {key_id} had no owner record and were deleted; "
+                             "register them again")
+        if not isinstance(key_secret, str) or not hmac.compare_digest(_digest(key_secret), owner["secret_sha256"]):
+            raise KeyAccessDenied(f"key_secret: expected the secret returned when {key_id} was registered, "
+                                  f"received {'none' if key_secret is None else 'a different one'}")
 
     def _remember(self, key_id: str, keys: EvaluationKeys) -> None:
         self._cache[key_id] = keys
@@ -145,22 +239,26 @@ class KeyStore:
         while len(self._cache) > self.memory_items:
             self._cache.popitem(last=False)
 
-    def get(self, key_id: str) -> EvaluationKeys:
-        """The evaluation keys registered under ``key_id``.
+    def get(self, key_id: str, key_secret: str | None) -> EvaluationKeys:
+        """The evaluation keys registered under ``key_id``, for their owner.
 
         Raises:
-            UnknownKey: never registered (or deleted, or expired and already purged).
+            UnknownKey: never registered (or deleted, evicted, or expired and already purged).
             ExpiredKey: its TTL has passed; the key set is deleted now.
+            KeyAccessDenied: ``key_secret`` is not the owner's.
             MalformedKeys: the stored file no longer matches its id.
         """
         with self._lock:
             path = self._path(key_id)
             if not path.exists():
-                raise UnknownKey(f"key_id: no evaluation keys registered under {key_id}")
+                raise UnknownKey(f"key_id: no evaluation keys registered under {key_id} (never registered, "
+                                 "deleted, or evicted to make room: register them again)")
             if self._expired(path):
                 self._forget(path)
                 raise ExpiredKey(f"key_id: the evaluation keys under {key_id} expired after {self.ttl_seconds} s; "
                                  "register them again")
+            self._authorize(key_id, key_secret)
+            self._used[key_id] = self._clock()
             if key_id in self._cache:
                 self._cache.move_to_end(key_id)
                 return self._cache[key_id]
@@ -172,16 +270,19 @@ class KeyStore:
             self._remember(key_id, keys)
             return keys
 
-    def delete(self, key_id: str) -> None:
-        """Delete a key set (a client re-keying or leaving).
+    def delete(self, key_id: str, key_secret: str | None = None, *, admin: bool = False) -> None:
+        """Delete a key set (a client re-keying or leaving): its owner, or the operator with ``admin``.
 
         Raises:
             UnknownKey: nothing is registered under ``key_id``.
+            KeyAccessDenied: neither ``admin`` nor the owner's ``key_secret``.
         """
         with self._lock:
             path = self._path(key_id)
             if not path.exists():
                 raise UnknownKey(f"key_id: no evaluation keys registered under {key_id}")
+            if not admin:
+                self._authorize(key_id, key_secret)
             self._forget(path)
         log.info("he keystore: deleted key %s", key_id)
 
@@ -191,4 +292,10 @@ class KeyStore:
             self.purge_expired()
             files = self._files()
             return {"keys": len(files), "bytes": sum(p.stat().st_size for p in files), "quota_bytes": self.quota_bytes,
-                    "ttl_seconds": self.ttl_seconds, "in_memory": len(self._cache)}
+                    "ttl_seconds": self.ttl_seconds, "in_memory": len(self._cache),
+                    "keys_per_source": self.keys_per_source, "sources": len({(self._owner(p.stem) or {}).get("source")
+                                                                             for p in files})}
+
+
+def _digest(key_secret: str) -> str:
+    return hashlib.sha256(key_secret.encode()).hexdigest()

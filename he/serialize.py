@@ -1,7 +1,12 @@
 """Bytes in and out of SEAL objects, and the checksummed container every veil HE file uses.
 
-SEAL's Python bindings (``tenseal.sealapi``) save and load only through file paths, so objects pass
-through a private temporary folder (on ``/dev/shm`` where it exists; mode 0700, removed at exit).
+SEAL's Python bindings (``tenseal.sealapi``) save and load only through file paths. veil hands SEAL the
+path ``/proc/self/fd/N`` of an anonymous in-memory file (``memfd_create``): it has no name in any folder,
+is never linked, and vanishes with its descriptor, so no object, the secret key included, ever reaches a
+file system, and a killed process leaves nothing behind (a named file in ``/dev/shm`` did). TenSEAL's
+``Context.serialize`` is in memory too, but it cannot carry veil's seeded keys or a bare secret key.
+Where ``memfd_create`` is missing (not Linux), public objects fall back to a private temporary folder
+(mode 0700, removed at exit) and a secret key is refused rather than written there.
 
 Container layout (all integers big-endian)::
 
@@ -14,21 +19,26 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 import tenseal.sealapi as sa
-from veil.he.errors import HEError, MalformedCiphertext
+from veil.he.errors import HEError, KeyringError, MalformedCiphertext, TooManyCiphertexts
 from veil.he.params import CkksParameters
 
 _PREFIX = struct.Struct(">8sHI32s")
+_SEAL_HEADER = struct.Struct("<HBBBBHQ")  # SEAL's SEALHeader: magic, header size, version, compression, size
+_SEAL_MAGIC = 0xA15E
 CIPHERTEXTS_MAGIC = b"VEILCTS\x00"
 CIPHERTEXTS_VERSION = 1
+_IN_MEMORY = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 _tmp_dir: Path | None = None
 
 
@@ -37,36 +47,76 @@ class _Savable(Protocol):
 
 
 def _private_dir() -> Path:
-    """This process's private scratch folder for SEAL's path-based (de)serialization."""
+    """This process's private scratch folder, only where anonymous in-memory files are unavailable."""
     global _tmp_dir
     if _tmp_dir is None or not _tmp_dir.is_dir():
-        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        _tmp_dir = Path(tempfile.mkdtemp(prefix="veil-he-", dir=base))  # mode 0700
+        _tmp_dir = Path(tempfile.mkdtemp(prefix="veil-he-"))  # mode 0700
         atexit.register(shutil.rmtree, _tmp_dir, True)
     return _tmp_dir
 
 
-def seal_to_bytes(obj: _Savable) -> bytes:
-    """Serialize a SEAL object (or a seeded ``Serializable``) with SEAL's default compression."""
+@contextmanager
+def _scratch(secret: bool) -> Iterator[tuple[str, int | None]]:
+    """A path SEAL can open, and the descriptor behind it when it is an anonymous in-memory file."""
+    if _IN_MEMORY:
+        fd = os.memfd_create("veil-seal", os.MFD_CLOEXEC)
+        try:
+            yield f"/proc/self/fd/{fd}", fd
+        finally:
+            os.close(fd)
+        return
+    if secret:
+        raise KeyringError("secret key: this platform has no anonymous in-memory files (memfd_create), and veil "
+                           "never writes a secret key to a named temporary file; use Linux for keyring files")
     fd, path = tempfile.mkstemp(dir=_private_dir())
     os.close(fd)
     try:
-        obj.save(path)
-        return Path(path).read_bytes()
+        yield path, None
     finally:
         os.unlink(path)
 
 
-def seal_from_bytes(obj: Any, context: sa.SEALContext, data: bytes) -> Any:
-    """Load ``data`` into the empty SEAL object ``obj`` (SEAL checks validity for ``context``); return it."""
-    fd, path = tempfile.mkstemp(dir=_private_dir())
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+def seal_to_bytes(obj: _Savable, *, secret: bool = False) -> bytes:
+    """Serialize a SEAL object (or a seeded ``Serializable``) with SEAL's default compression, in memory.
+
+    Args:
+        obj: the SEAL object.
+        secret: the object is a secret key (refused where it could only pass through a named file).
+    """
+    with _scratch(secret) as (path, fd):
+        obj.save(path)
+        if fd is None:
+            return Path(path).read_bytes()
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size, 0)
+
+
+def seal_from_bytes(obj: Any, context: sa.SEALContext, data: bytes, *, secret: bool = False) -> Any:
+    """Load ``data`` into the empty SEAL object ``obj`` (SEAL checks validity for ``context``); return it.
+
+    SEAL's own header must state exactly ``len(data)`` bytes: SEAL ignores trailing bytes, and a veil
+    container never carries bytes it has not parsed.
+
+    Raises:
+        ValueError: the bytes do not start with a SEAL header stating their length (SEAL raises
+            RuntimeError/ValueError subclasses for the rest).
+    """
+    data = bytes(data)
+    if len(data) < _SEAL_HEADER.size:
+        raise ValueError(f"expected a SEAL object of at least {_SEAL_HEADER.size} bytes, received {len(data)}")
+    magic, _, _, _, _, _, size = _SEAL_HEADER.unpack_from(data)
+    if magic != _SEAL_MAGIC or size != len(data):
+        raise ValueError(f"expected a SEAL header (magic 0x{_SEAL_MAGIC:X}) stating {len(data)} bytes, received "
+                         f"magic 0x{magic:X} stating {size}")
+    with _scratch(secret) as (path, fd):
+        if fd is None:
+            Path(path).write_bytes(data)
+        else:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
         obj.load(context, path)
         return obj
-    finally:
-        os.unlink(path)
 
 
 def pack(magic: bytes, version: int, header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -85,27 +135,36 @@ def unpack(data: bytes, magic: bytes, versions: Sequence[int], error: type[HEErr
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise error(f"{what}: expected bytes, received {type(data).__name__}")
-    data = bytes(data)
-    if len(data) < _PREFIX.size:
-        raise error(f"{what}: expected at least {_PREFIX.size} bytes, received {len(data)}")
-    got_magic, version, head_len, digest = _PREFIX.unpack_from(data)
+    view = memoryview(data).cast("B")  # no copy of a large payload until the one returned
+    if len(view) < _PREFIX.size:
+        raise error(f"{what}: expected at least {_PREFIX.size} bytes, received {len(view)}")
+    got_magic, version, head_len, digest = _PREFIX.unpack_from(view)
     if got_magic != magic:
         raise error(f"{what}.magic: expected {magic!r}, received {got_magic!r}")
     if version not in versions:
         raise error(f"{what}.version: expected one of {list(versions)}, received {version}")
-    body = data[_PREFIX.size:]
+    body = view[_PREFIX.size:]
     if head_len > len(body):
         raise error(f"{what}.header_length: expected <= {len(body)}, received {head_len}")
     actual = hashlib.sha256(body).digest()
     if actual != digest:
         raise error(f"{what}.sha256: expected {digest.hex()}, received {actual.hex()} (corrupted or truncated)")
     try:
-        header = json.loads(body[:head_len])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"{what}.header: expected a JSON object, received unparsable bytes ({exc})") from None
+        header = json.loads(bytes(body[:head_len]))
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, too many digits, nesting too deep
+        raise error(f"{what}.header: expected a JSON object, received unparsable bytes "
+                    f"({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(header, dict):
         raise error(f"{what}.header: expected a JSON object, received {type(header).__name__}")
-    return version, header, body[head_len:]
+    return version, header, bytes(body[head_len:])
+
+
+def check_fields(header: dict[str, Any], allowed: Sequence[str], error: type[HEError], what: str) -> None:
+    """Refuse header fields that are missing or unknown: a container carries only what its reader parses."""
+    unknown, missing = sorted(set(header) - set(allowed)), sorted(set(allowed) - set(header))
+    if unknown or missing:
+        raise error(f"{what}.header: expected exactly the fields {sorted(allowed)}, received unknown fields "
+                    f"{[str(k)[:40] for k in unknown[:8]]} and missing fields {missing}")
 
 
 def split_sections(payload: bytes, lengths: Any, error: type[HEError], what: str) -> list[bytes]:
@@ -128,17 +187,34 @@ def ciphertexts_to_bytes(cts: Sequence[_Savable]) -> bytes:
                 b"".join(blobs))
 
 
-def ciphertexts_from_bytes(params: CkksParameters, data: bytes) -> list[sa.Ciphertext]:
-    """Parse :func:`ciphertexts_to_bytes` output and check every ciphertext belongs to ``params``.
+def ciphertexts_from_bytes(params: CkksParameters, data: bytes, *, max_count: int | None = None,
+                           fresh: bool = False) -> list[sa.Ciphertext]:
+    """Parse :func:`ciphertexts_to_bytes` output and check every ciphertext fully before anyone evaluates it.
+
+    Every ciphertext must be valid for the parameters' context (``sa.is_valid_for``), in NTT form, not
+    transparent (an all-zero mask, which SEAL refuses mid-evaluation), of size 2, and at a finite positive
+    scale; with ``fresh`` also at the first level and at exactly ``params.scale`` (what the client's
+    encryptor produces; any other scale fails SEAL's scale checks mid-evaluation).
+
+    Args:
+        params: the parameters the ciphertexts must belong to.
+        data: the container bytes.
+        max_count: the most ciphertexts accepted; more are refused from the header, before any is parsed.
+        fresh: require fresh ciphertexts (server side, before evaluation).
 
     Raises:
-        MalformedCiphertext: garbage, a bad checksum, or a ciphertext that SEAL finds invalid for the
-            parameters' context (other parameters, wrong size, not NTT form).
+        TooManyCiphertexts: more than ``max_count`` ciphertexts (HTTP 413).
+        MalformedCiphertext: garbage, a bad checksum, or a ciphertext failing any check above.
     """
     _, header, payload = unpack(data, CIPHERTEXTS_MAGIC, (CIPHERTEXTS_VERSION,), MalformedCiphertext, "ciphertexts")
-    blobs = split_sections(payload, header.get("lengths"), MalformedCiphertext, "ciphertexts")
-    if header.get("count") != len(blobs):
-        raise MalformedCiphertext(f"ciphertexts.count: expected {len(blobs)}, received {header.get('count')!r}")
+    check_fields(header, ("count", "lengths"), MalformedCiphertext, "ciphertexts")
+    lengths = header["lengths"]
+    if max_count is not None and isinstance(lengths, list) and len(lengths) > max_count:
+        raise TooManyCiphertexts(f"ciphertexts.count: expected at most {max_count} ciphertexts, "
+                                 f"received {len(lengths)}")
+    blobs = split_sections(payload, lengths, MalformedCiphertext, "ciphertexts")
+    if header["count"] != len(blobs):
+        raise MalformedCiphertext(f"ciphertexts.count: expected {len(blobs)}, received {header['count']!r}")
     context, out = params.seal_context(), []
     for i, blob in enumerate(blobs):
         try:
@@ -146,12 +222,37 @@ def ciphertexts_from_bytes(params: CkksParameters, data: bytes) -> list[sa.Ciphe
         except Exception as exc:  # SEAL raises RuntimeError/ValueError/IOError subclasses for bad input
             raise MalformedCiphertext(f"ciphertexts[{i}]: not a ciphertext for parameters {params.hash()[:12]} "
                                       f"(N={params.poly_modulus_degree}, chain={list(params.coeff_mod_bit_sizes)}): "
-                                      f"{type(exc).__name__}: {exc}") from None
-        if not sa.is_valid_for(ct, context):
-            raise MalformedCiphertext(f"ciphertexts[{i}]: expected a ciphertext valid for parameters "
-                                      f"{params.hash()[:12]}, received one SEAL finds invalid")
-        if ct.size() != 2:
-            raise MalformedCiphertext(f"ciphertexts[{i}].size: expected 2 polynomials (relinearized), "
-                                      f"received {ct.size()}")
+                                      f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        check_ciphertext(ct, params, f"ciphertexts[{i}]", fresh=fresh)
         out.append(ct)
     return out
+
+
+def check_ciphertext(ct: sa.Ciphertext, params: CkksParameters, what: str, *, fresh: bool = False) -> None:
+    """Refuse a loaded ciphertext SEAL would fail on mid-evaluation (see :func:`ciphertexts_from_bytes`).
+
+    Raises:
+        MalformedCiphertext: naming the property, the expected and the received value.
+    """
+    context = params.seal_context()
+    if not sa.is_valid_for(ct, context):
+        raise MalformedCiphertext(f"{what}: expected a ciphertext valid for parameters {params.hash()[:12]}, "
+                                  "received one SEAL finds invalid")
+    if ct.size() != 2:
+        raise MalformedCiphertext(f"{what}.size: expected 2 polynomials (relinearized), received {ct.size()}")
+    if not ct.is_ntt_form():
+        raise MalformedCiphertext(f"{what}.is_ntt_form: expected True (CKKS ciphertexts are in NTT form), "
+                                  "received False")
+    if ct.is_transparent():
+        raise MalformedCiphertext(f"{what}: expected a ciphertext with a non-zero mask, received a transparent one "
+                                  "(it would reveal its plaintext)")
+    scale = ct.scale
+    if fresh:
+        if ct.parms_id() != context.first_parms_id():
+            raise MalformedCiphertext(f"{what}.level: expected a fresh ciphertext at the first level, received one "
+                                      f"at chain index {context.get_context_data(ct.parms_id()).chain_index()}")
+        if scale != params.scale:
+            raise MalformedCiphertext(f"{what}.scale: expected exactly 2^{params.scale_bits} = {params.scale!r}, "
+                                      f"received {scale!r}")
+    elif not (math.isfinite(scale) and scale >= 1.0):
+        raise MalformedCiphertext(f"{what}.scale: expected a finite scale >= 1, received {scale!r}")

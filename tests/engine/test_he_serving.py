@@ -89,11 +89,11 @@ def test_refusals_keep_the_server_serving(live, tmp_path) -> None:
     session = HeSession.create(live, "tiny-he", tmp_path / "k.keyring")
     request = session.encrypt(np.zeros((1, 6), np.float32))
     other = HeSession.create(live, "tiny-he-batch", tmp_path / "o.keyring")
-    unknown = HeSession(session.url, session.model, "0" * 64, session.keyring, session.he)
+    unknown = HeSession(session.url, session.model, "0" * 64, session.keyring, session.he, session.key_secret)
     with pytest.raises(ServerError, match=r"HTTP 404.*key"):  # a key id nobody registered
         unknown.infer(unknown.encrypt(np.zeros((1, 6), np.float32)))
     with pytest.raises(ServerError, match=r"HTTP 400.*plan_hash"):  # an envelope for another model
-        HeSession(session.url, "tiny-he-batch", session.key_id, session.keyring, other.he).infer(request)
+        HeSession(session.url, "tiny-he-batch", session.key_id, session.keyring, other.he, session.key_secret).infer(request)
     with pytest.raises(ServerError, match="HTTP 400"):  # corrupted envelope
         session.infer(request[:-10] + b"0123456789")
     header = json.dumps({"inputs": [{"name": "ciphertext", "shape": [1], "datatype": "BYTES",

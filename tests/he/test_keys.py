@@ -170,3 +170,103 @@ def test_galois_keys_rotate_by_every_requested_step(steps: list[int]) -> None:
         out = sa.Ciphertext()
         ev.rotate_vector(ct, step, keys.galois, out)
         assert np.max(np.abs(ring.decrypt([out])[0] - np.roll(x, -step))) < 1e-5
+
+
+# -- issue 19.5: the secret key never passes through a named file; scrypt bounded; no empty passphrase ----------
+def test_keyring_save_and_load_never_create_a_named_scratch_file(ring: SecretKeyring, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: the secret key was written to a file in /dev/shm (a kill there left a loadable secret key)
+    import types
+
+    from veil.he import serialize
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a named scratch file was created for a SEAL object")
+
+    monkeypatch.setattr(serialize, "tempfile", types.SimpleNamespace(mkstemp=refuse, mkdtemp=refuse))
+    monkeypatch.setattr(serialize, "_tmp_dir", None)
+    path = tmp_path / "client.veilkey"
+    ring.save(path)
+    loaded = SecretKeyring.load(path)
+    assert np.allclose(loaded.decrypt(ring.encrypt([np.ones(4)]))[0][:4], 1.0, atol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["client.veilkey"]
+
+
+def test_seal_from_bytes_refuses_trailing_bytes(ring: SecretKeyring) -> None:
+    # SEAL ignores bytes after the length its header states; a section must carry nothing unparsed
+    from veil.he.serialize import seal_from_bytes
+
+    relin = ring.evaluation_keys()._relin_bytes
+    with pytest.raises(ValueError, match="SEAL header"):
+        seal_from_bytes(sa.RelinKeys(), PARAMS.seal_context(), relin + seal_to_bytes(ring._secret_key))
+    with pytest.raises(MalformedKeys, match="relin"):
+        EvaluationKeys(PARAMS, relin + b"\x00" * 64, None, [])
+
+
+def _keyring_with(path: Path, **header_changes: object) -> None:
+    from veil.he.keys import FORMAT_VERSION
+    from veil.he.serialize import pack, unpack
+
+    _, header, payload = unpack(path.read_bytes(), KEYRING_MAGIC, (FORMAT_VERSION,), KeyringError, "keyring")
+    path.write_bytes(pack(KEYRING_MAGIC, FORMAT_VERSION, {**header, **header_changes}, payload))
+
+
+@pytest.mark.parametrize(("scrypt", "match"), [
+    ({"n": 2**70, "r": 8, "p": 1}, r"scrypt\.n expected an int in 1\.\.1048576"),
+    ({"n": 2**20, "r": 16, "p": 1}, r"128·n·r <= 1073741824"),
+    ({"n": 3000, "r": 8, "p": 1}, "power of two"),
+    ({"n": 2**14, "r": 8, "p": 10**6}, r"scrypt\.p expected an int in 1\.\.16"),
+    ({"n": 2**14, "r": 8}, "scrypt expected the fields"),
+    ({"n": "16384", "r": 8, "p": 1}, r"scrypt\.n expected an int"),
+])
+def test_keyring_load_bounds_scrypt_settings(ring: SecretKeyring, tmp_path: Path, scrypt: dict, match: str) -> None:
+    # before: n = 2^70 raised a bare OverflowError, and n = 2^24 would take 16 GiB
+    path = tmp_path / "client.veilkey"
+    ring.save(path, passphrase="pw")
+    _keyring_with(path, scrypt=scrypt)
+    with pytest.raises(KeyringError, match=match):
+        SecretKeyring.load(path, passphrase="pw")
+
+
+def test_keyring_scrypt_default_and_empty_passphrase(ring: SecretKeyring, tmp_path: Path) -> None:
+    from veil.he.keys import FORMAT_VERSION
+    from veil.he.serialize import unpack
+
+    path = tmp_path / "client.veilkey"
+    with pytest.raises(KeyringError, match="non-empty"):
+        ring.save(path, passphrase="")
+    assert not path.exists()
+    ring.save(path, passphrase="pw")
+    _, header, _ = unpack(path.read_bytes(), KEYRING_MAGIC, (FORMAT_VERSION,), KeyringError, "keyring")
+    assert header["scrypt"] == {"n": 2**17, "r": 8, "p": 1}
+    with pytest.raises(KeyringError, match="non-empty"):
+        SecretKeyring.load(path, passphrase="")
+
+
+# -- issue 19.5: a key bundle carries only what veil parses ----------------------------------------------------
+def test_evaluation_keys_refuse_unknown_header_fields(ring: SecretKeyring) -> None:
+    from veil.he.keys import EVALUATION_KEYS_MAGIC, FORMAT_VERSION
+    from veil.he.serialize import pack, unpack
+
+    _, header, payload = unpack(ring.evaluation_keys().to_bytes(), EVALUATION_KEYS_MAGIC, (FORMAT_VERSION,),
+                                MalformedKeys, "evaluation_keys")
+    pasted = {**header, "secret_key": seal_to_bytes(ring._secret_key).hex()}
+    with pytest.raises(MalformedKeys, match=r"unknown fields \['secret_key'\]"):
+        EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, pasted, payload))
+    del header["params_hash"]
+    with pytest.raises(MalformedKeys, match=r"missing fields \['params_hash'\]"):
+        EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, header, payload))
+    for params in (5, {"poly_modulus_degree": 8192, "coeff_mod_bit_sizes": 7, "scale_bits": 40}):
+        with pytest.raises(MalformedKeys, match="params"):  # before: a bare TypeError (500)
+            EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, {**header, "params": params,
+                                                                                   "params_hash": ""}, payload))
+
+
+def test_max_bundle_bytes_bounds_real_bundles() -> None:
+    # issue 19.1: the key-upload cap is computed from N, the chain and the step count
+    from veil.he.keys import max_bundle_bytes
+
+    for params, steps in ((PARAMS, [1, 2, -1]), (OTHER, []), (OTHER, [1, 2, 4, 8, 16, 32, 64])):
+        actual = SecretKeyring.generate(params, steps).evaluation_keys().size_bytes
+        limit = max_bundle_bytes(params, steps)
+        assert actual <= limit < 1.6 * actual + 64 * 1024, (params, steps, actual, limit)

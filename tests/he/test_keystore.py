@@ -18,6 +18,7 @@ from veil.he import (
     SecurityError,
     UnknownKey,
 )
+from veil.he.errors import KeyAccessDenied
 from veil.he.keys import EVALUATION_KEYS_MAGIC, EvaluationKeys
 from veil.he.params import CkksParameters
 from veil.he.serialize import pack
@@ -52,38 +53,41 @@ def test_register_and_get(tmp_path: Path, rings: list[SecretKeyring], key_bytes:
                           caplog: pytest.LogCaptureFixture) -> None:
     store = _store(tmp_path)
     with caplog.at_level(logging.INFO, logger="veil.he.keystore"):
-        key_id = store.register(key_bytes[0])
-    assert key_id == rings[0].evaluation_keys().key_id
-    assert store.register(key_bytes[0]) == key_id  # idempotent
-    keys = store.get(key_id)
+        reg = store.register(key_bytes[0])
+    key_id, secret = reg.key_id, reg.key_secret
+    assert key_id == rings[0].evaluation_keys().key_id and secret and reg.size == len(key_bytes[0])
+    renewed = store.register(key_bytes[0], key_secret=secret)  # idempotent for the owner
+    assert renewed.key_id == key_id and renewed.key_secret is None
+    keys = store.get(key_id, secret)
     assert isinstance(keys, EvaluationKeys) and keys.galois_steps == (1,)
     assert store.usage()["keys"] == 1 and store.usage()["bytes"] == len(key_bytes[0])
-    assert all(len(r.message) < 200 for r in caplog.records)  # ids and sizes, never key material
-    fresh = _store(tmp_path)  # a restarted server reads the keys back from disk
-    assert fresh.get(key_id).galois_steps == (1,)
+    assert all(len(r.message) < 200 and secret not in r.message for r in caplog.records)  # never key material
+    assert secret not in "".join(p.read_text(errors="replace") for p in (tmp_path / "keys").iterdir())
+    fresh = _store(tmp_path)  # a restarted server reads the keys (and their owners) back from disk
+    assert fresh.get(key_id, secret).galois_steps == (1,)
 
 
 def test_lru_keeps_memory_items_and_reloads_from_disk(tmp_path: Path, key_bytes: list[bytes]) -> None:
     store = _store(tmp_path, memory_items=2)
-    ids = [store.register(b) for b in key_bytes]
+    regs = [store.register(b) for b in key_bytes]
     assert store.usage()["in_memory"] == 2 and store.usage()["keys"] == 3
-    first = store.get(ids[0])  # evicted earlier: parsed again from disk
-    assert first.galois_steps == (1,) and store.get(ids[0]) is first
+    first = store.get(regs[0].key_id, regs[0].key_secret)  # evicted earlier: parsed again from disk
+    assert first.galois_steps == (1,) and store.get(regs[0].key_id, regs[0].key_secret) is first
     assert store.usage()["in_memory"] == 2
 
 
 def test_unknown_and_deleted_keys(tmp_path: Path, key_bytes: list[bytes]) -> None:
     store = _store(tmp_path)
     with pytest.raises(UnknownKey, match="no evaluation keys"):
-        store.get("0" * 64)
+        store.get("0" * 64, "s")
     with pytest.raises(UnknownKey, match="64 lowercase hex"):
-        store.get("../../etc/passwd")
-    key_id = store.register(key_bytes[0])
-    store.delete(key_id)
+        store.get("../../etc/passwd", "s")
+    reg = store.register(key_bytes[0])
+    store.delete(reg.key_id, reg.key_secret)
     with pytest.raises(UnknownKey):
-        store.get(key_id)
+        store.get(reg.key_id, reg.key_secret)
     with pytest.raises(UnknownKey):
-        store.delete(key_id)
+        store.delete(reg.key_id, reg.key_secret)
     assert UnknownKey.http_status == 404
 
 
@@ -92,26 +96,37 @@ def test_ttl_expiry_deletes_files_and_reregistration_renews(tmp_path: Path, key_
     store = _store(tmp_path, clock, ttl_seconds=60.0)
     old, renewed = store.register(key_bytes[0]), store.register(key_bytes[1])
     clock.now += 50
-    store.register(key_bytes[1])  # restarts its TTL
+    store.register(key_bytes[1], key_secret=renewed.key_secret)  # restarts its TTL
     clock.now += 20
     with pytest.raises(ExpiredKey, match=r"expired after 60\.0 s"):
-        store.get(old)
-    assert not (tmp_path / "keys" / f"{old}.evk").exists()
-    assert store.get(renewed).galois_steps == (2,)
+        store.get(old.key_id, old.key_secret)
+    assert not (tmp_path / "keys" / f"{old.key_id}.evk").exists()
+    assert not (tmp_path / "keys" / f"{old.key_id}.owner").exists()
+    assert store.get(renewed.key_id, renewed.key_secret).galois_steps == (2,)
     clock.now += 100
     assert store.usage()["keys"] == 0  # purged
     assert ExpiredKey.http_status == 410
 
 
-def test_quota(tmp_path: Path, key_bytes: list[bytes]) -> None:
-    store = _store(tmp_path, quota_bytes=len(key_bytes[0]) + len(key_bytes[2]) + 10)
-    store.register(key_bytes[0])
-    with pytest.raises(QuotaExceeded, match="more bytes"):
-        store.register(key_bytes[1])
-    store.register(key_bytes[2])
-    with pytest.raises(QuotaExceeded, match="at most"):
+def test_quota_evicts_the_least_recently_used(tmp_path: Path, key_bytes: list[bytes]) -> None:
+    # issue 19.2: a full quota locked every new client out (413) for the whole TTL; now the least recently
+    # used key sets make room, and only a bundle larger than the whole quota is refused
+    clock = Clock()
+    store = _store(tmp_path, clock, quota_bytes=len(key_bytes[0]) + len(key_bytes[1]) + 10, keys_per_source=8)
+    first = store.register(key_bytes[0], source="a")
+    clock.now += 1
+    third = store.register(key_bytes[2], source="b")
+    clock.now += 1
+    store.get(first.key_id, first.key_secret)  # used: now the most recent
+    second = store.register(key_bytes[1], source="c")  # does not fit: evicts the LRU one (third)
+    assert store.get(second.key_id, second.key_secret).galois_steps == (2,)
+    assert store.get(first.key_id, first.key_secret).galois_steps == (1,)
+    with pytest.raises(UnknownKey, match="evicted"):
+        store.get(third.key_id, third.key_secret)
+    assert store.usage()["keys"] == 2 and store.usage()["bytes"] <= store.quota_bytes
+    with pytest.raises(QuotaExceeded, match="at most 1000 bytes"):
         _store(tmp_path / "small", quota_bytes=1000).register(key_bytes[0])
-    assert QuotaExceeded.http_status == 413 and store.usage()["keys"] == 2
+    assert QuotaExceeded.http_status == 413
 
 
 def test_refuses_a_tenseal_context_with_a_secret_key(tmp_path: Path) -> None:
@@ -151,8 +166,61 @@ def test_stored_keys_evaluate(tmp_path: Path, rings: list[SecretKeyring], key_by
     import tenseal.sealapi as sa
 
     store = _store(tmp_path)
-    keys = store.get(store.register(key_bytes[0]))
+    reg = store.register(key_bytes[0])
+    keys = store.get(reg.key_id, reg.key_secret)
     [ct] = rings[0].encrypt([np.arange(4.0)])
     out = sa.Ciphertext()
     sa.Evaluator(PARAMS.seal_context()).rotate_vector(ct, 1, keys.galois, out)
     assert np.allclose(rings[0].decrypt([out])[0][:3], [1.0, 2.0, 3.0], atol=1e-6)
+
+
+# -- issue 19.2: owners, per-source bounds ------------------------------------------------------------------
+def test_a_key_set_is_usable_and_deletable_by_its_owner_only(tmp_path: Path, key_bytes: list[bytes]) -> None:
+    store = _store(tmp_path)
+    reg = store.register(key_bytes[0], source="10.0.0.1")
+    for wrong in (None, "", "guess", reg.key_secret + "x"):
+        with pytest.raises(KeyAccessDenied, match="key_secret"):
+            store.get(reg.key_id, wrong)
+        with pytest.raises(KeyAccessDenied, match="key_secret"):
+            store.delete(reg.key_id, wrong)
+    with pytest.raises(KeyAccessDenied, match="key_secret"):  # nobody else can renew (or re-own) it
+        store.register(key_bytes[0], source="10.0.0.2")
+    assert KeyAccessDenied.http_status == 403
+    store.delete(reg.key_id, admin=True)  # the operator can
+    with pytest.raises(UnknownKey):
+        store.get(reg.key_id, reg.key_secret)
+
+
+def test_one_source_cannot_fill_the_store(tmp_path: Path, key_bytes: list[bytes]) -> None:
+    # before: 33 anonymous uploads in one second locked every new client out for the 24 h TTL
+    clock = Clock()
+    store = _store(tmp_path, clock, keys_per_source=2)
+    other = store.register(key_bytes[0], source="10.0.0.9")
+    uploads = key_bytes[1:] + [SecretKeyring.generate(PARAMS, [3]).evaluation_keys().to_bytes() for _ in range(2)]
+    flood = []
+    for data in uploads:
+        clock.now += 1
+        flood.append(store.register(data, source="10.0.0.1"))
+    assert store.usage()["keys"] == 3  # the other client's key set + the flooder's 2 most recent
+    assert store.get(other.key_id, other.key_secret).galois_steps == (1,)
+    for evicted in flood[:2]:
+        with pytest.raises(UnknownKey, match="evicted"):
+            store.get(evicted.key_id, evicted.key_secret)
+    assert store.get(flood[-1].key_id, flood[-1].key_secret).galois_steps == (3,)
+
+
+def test_only_the_parsed_bundle_is_stored(tmp_path: Path, rings: list[SecretKeyring]) -> None:
+    # issue 19.5: a bundle is re-serialized from its parsed fields; unknown header fields are refused
+    from veil.he.keys import FORMAT_VERSION
+    from veil.he.serialize import unpack
+
+    keys = rings[0].evaluation_keys()
+    _, header, payload = unpack(keys.to_bytes(), EVALUATION_KEYS_MAGIC, (FORMAT_VERSION,), MalformedKeys, "evk")
+    store = _store(tmp_path)
+    with pytest.raises(MalformedKeys, match="unknown fields"):
+        store.register(pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, {**header, "note": "sk=" + "ab" * 100}, payload))
+    shuffled = pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, {**header, "galois_steps": [1, 1]}, payload)
+    reg = store.register(shuffled)  # accepted after normalization; what is stored is the canonical bundle
+    assert reg.key_id == keys.key_id
+    assert (tmp_path / "keys" / f"{reg.key_id}.evk").read_bytes() == keys.to_bytes()
+    assert store.usage()["keys"] == 1
