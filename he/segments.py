@@ -1,0 +1,441 @@
+"""Plans deeper than one CKKS parameter set: cut the ONNX graph into segments, refresh on the client.
+
+SEAL has no bootstrapping, so a plan needing more levels than the largest 128-bit set (he.md §7.7) is cut
+into segments that each fit. After segment k the server returns its output ciphertexts; the client
+decrypts them, decodes them with segment k's output layout, re-encodes them with segment k+1's input
+layout, encrypts them *fresh* (new randomness, top level of segment k+1's parameters, under that
+segment's keys) and sends round k+1. The client never sends a decryption back (Li–Micciancio), only
+fresh encryptions; what it learns is the activations at the cuts (docs/he.md, "Deep plans").
+
+The graph is cut, not the plan: a cut point is an ONNX tensor that is the only ciphertext-dependent value
+alive between the nodes before it and the nodes after it (for sequential and residual CNNs: between
+blocks). Each segment is extracted as a standalone one-input, one-output ONNX model and compiled with
+the normal :func:`veil.he.compile`, so segments use whatever layout the compiler uses.
+
+Choice of cuts (:func:`compile_segmented`): exact dynamic programming over the candidate cuts, ordered
+by (rounds, cost) with cost = sum over segments of N * (levels + 2) (the ring words of a fresh
+ciphertext, which every homomorphic op and every round's bytes scale with). A segment [c_i, c_j] is
+feasible when it compiles within a 128-bit set; for a fixed start its levels never decrease as the end
+moves later (every op adds >= 0 levels, and the output at c_j costs at most the linear op the longer
+segment pays where that tensor is next used), so the scan from c_i stops at the first infeasible end.
+
+Server side, :class:`RoundBook` binds the rounds of one request (round index, request id, the key ids of
+every round) and refuses a round replayed, out of order or for another request or key (HTTP 409).
+
+Example:
+    >>> plan = compile_segmented("cnn.onnx", precision_bits=20, refresh=True)
+    >>> plan.rounds, plan.cuts, [p.levels for p in plan.plans]
+    (2, ['avg_pool2d'], [15, 14])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from veil.he.errors import EnvelopeError, HEError, ParameterError
+from veil.he.params import POLY_MODULUS_DEGREES
+from veil.he.plan import Plan
+
+from veil.config import atomic_dir, write_atomic
+
+if TYPE_CHECKING:
+    import onnx
+
+FORMAT = "veil.he.segments/1"
+JSON_NAME = "segments.json"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+
+
+class RoundError(HEError):
+    """A refresh round replayed, out of order, unknown, or for another request or key. HTTP 409."""
+
+    http_status = 409
+
+
+# -- the segmented plan ---------------------------------------------------------------------------------
+@dataclasses.dataclass
+class SegmentedPlan:
+    """One plan per segment, the ONNX tensors cut between them and the compiler's report.
+
+    Args:
+        plans: the segments' plans in evaluation order; segment k's output is segment k+1's input.
+        cuts: the ONNX tensor names between segments (``len(plans) - 1`` of them).
+        report: what was chosen and why (rounds, cuts, per-segment levels and N, candidates, cost).
+    """
+
+    plans: list[Plan]
+    cuts: list[str]
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.plans or len(self.cuts) != len(self.plans) - 1:
+            raise ValueError(f"SegmentedPlan: expected len(cuts) = len(plans) - 1 >= 0, received "
+                             f"{len(self.plans)} plans and cuts {self.cuts}")
+        for k, (a, b) in enumerate(zip(self.plans, self.plans[1:], strict=False)):
+            out, inp = a.spec["outputs"][0], b.spec["inputs"][0]
+            if out["name"] != self.cuts[k] or inp["name"] != self.cuts[k] or list(out["shape"]) != list(inp["shape"]):
+                raise ValueError(f"SegmentedPlan: segment {k} output {out['name']} {out['shape']} must be segment "
+                                 f"{k + 1}'s input {inp['name']} {inp['shape']} (cut {self.cuts[k]!r})")
+
+    @property
+    def rounds(self) -> int:
+        """Client round trips per inference (1: no refresh)."""
+        return len(self.plans)
+
+    def hash(self) -> str:
+        """The plan hash of a one-segment plan; else SHA-256 over the cuts and every segment's plan hash."""
+        if self.rounds == 1:
+            return self.plans[0].hash()
+        text = json.dumps({"format": FORMAT, "cuts": self.cuts, "segments": [p.hash() for p in self.plans]},
+                          sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def segments(self) -> list[dict[str, Any]]:
+        """Per segment: what a client needs (parameters, hashes, key manifest, levels, input and output)."""
+        out = []
+        for k, plan in enumerate(self.plans):
+            params = plan.parameters()
+            out.append({"index": k, "input": plan.spec["inputs"][0]["name"], "output": plan.spec["outputs"][0]["name"],
+                        "levels": plan.levels, "parameters": params.to_dict(), "params_hash": params.hash(),
+                        "plan_hash": plan.hash(), "galois_steps": plan.galois_steps})
+        return out
+
+    def save(self, folder: str | Path) -> Path:
+        """One segment: a plain plan in ``folder``. Several: ``segment_<k>/`` plans, then ``segments.json``."""
+        folder = Path(folder)
+        if self.rounds == 1:
+            return self.plans[0].save(folder)
+        for k, plan in enumerate(self.plans):
+            with atomic_dir(folder / f"segment_{k}") as tmp:
+                plan.save(tmp)
+        spec = {"format": FORMAT, "rounds": self.rounds, "cuts": self.cuts, "plan_hash": self.hash(),
+                "segments": [{"folder": f"segment_{s['index']}", **s} for s in self.segments()],
+                "report": self.report}
+        write_atomic(folder / JSON_NAME, json.dumps(spec, indent=1, sort_keys=True))  # last: readers see all or none
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> SegmentedPlan:
+        """Read what :meth:`save` wrote (a plain plan folder is one segment); every hash is re-checked."""
+        folder = Path(folder)
+        if not (folder / JSON_NAME).is_file():
+            return cls([Plan.load(folder)], [])
+        spec = json.loads((folder / JSON_NAME).read_text())
+        if spec.get("format") != FORMAT:
+            raise ValueError(f"{folder / JSON_NAME}: expected format {FORMAT!r}, received {spec.get('format')!r}")
+        plans = []
+        for k, seg in enumerate(spec["segments"]):
+            if seg.get("folder") != f"segment_{k}":
+                raise ValueError(f"{folder / JSON_NAME}: segments[{k}].folder expected 'segment_{k}', "
+                                 f"received {seg.get('folder')!r}")
+            plan = Plan.load(folder / seg["folder"])
+            if plan.hash() != seg["plan_hash"]:
+                raise ValueError(f"{folder / seg['folder']}: plan_hash expected {seg['plan_hash']} "
+                                 f"(segments.json), received {plan.hash()}")
+            plans.append(plan)
+        loaded = cls(plans, list(spec["cuts"]), spec.get("report", {}))
+        if loaded.hash() != spec.get("plan_hash"):
+            raise ValueError(f"{folder / JSON_NAME}: plan_hash expected {loaded.hash()} (recomputed), "
+                             f"received {spec.get('plan_hash')}")
+        return loaded
+
+
+# -- cut points and extraction ----------------------------------------------------------------------------
+def cut_candidates(model: onnx.ModelProto) -> list[str]:
+    """Tensors where the only ciphertext-dependent value alive between earlier and later nodes is that tensor.
+
+    Walks the (topologically sorted) nodes; a tensor is dynamic when it depends on the graph input. After
+    node i the live set is every dynamic tensor made at or before i that a later node (or the graph
+    output) reads. Constants computed by earlier nodes do not count: extraction copies them.
+    """
+    graph = model.graph
+    source, sink = graph.input[0].name, graph.output[0].name
+    dynamic, made_at = {source}, {source: -1}
+    for i, node in enumerate(graph.node):
+        if any(t in dynamic for t in node.input):
+            for t in node.output:
+                dynamic.add(t)
+                made_at[t] = i
+    last_use = {t: (len(graph.node) if t == sink else -1) for t in dynamic}
+    for i, node in enumerate(graph.node):
+        for t in node.input:
+            if t in dynamic:
+                last_use[t] = max(last_use[t], i)
+    candidates = []
+    for i in range(len(graph.node) - 1):
+        live = [t for t in dynamic if made_at[t] <= i < last_use[t]]
+        if len(live) == 1 and live[0] not in (source, sink) and live[0] not in candidates:
+            candidates.append(live[0])
+    return candidates
+
+
+def _with_shapes(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """The model with value_info for ``names`` (shape inference when the exporter did not record them)."""
+    import onnx
+
+    known = {v.name for v in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
+    return model if all(n in known for n in names) else onnx.shape_inference.infer_shapes(model)
+
+
+def extract_segment(model: onnx.ModelProto, start: str, end: str) -> onnx.ModelProto:
+    """The nodes from tensor ``start`` to tensor ``end`` as a one-input, one-output model (initializers,
+    local functions and opsets kept). ``start`` keeps its (batch, ...) value info, so compile sees static
+    per-sample dims."""
+    import onnx.utils
+
+    extractor = onnx.utils.Extractor(model)
+    segment = extractor.extract_model([start], [end])
+    segment.ir_version = model.ir_version
+    return segment
+
+
+# -- the compiler driver ---------------------------------------------------------------------------------------
+def _cost(plan: Plan) -> int:
+    """N * (levels + 2): the ring words of one fresh ciphertext of the segment's parameter set."""
+    params = plan.parameters()
+    return params.poly_modulus_degree * (params.levels + 2)
+
+
+def _too_deep_levels(exc: ParameterError) -> int | None:
+    found = re.search(r"needs (\d+) levels", str(exc))
+    return int(found.group(1)) if found else None
+
+
+def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "latency", precision_bits: int = 20,
+                      refresh: bool = False, max_poly_modulus_degree: int | None = None,
+                      compiler: Callable[..., Plan] | None = None) -> SegmentedPlan:
+    """Compile ``onnx_model`` into one plan, or (``refresh=True``) into the fewest, cheapest segments.
+
+    Args:
+        onnx_model: the exported model (or its path): one input (B, ...), one output.
+        mode / precision_bits: passed to :func:`veil.he.compile` for every segment.
+        refresh: allow client-refresh rounds when no 128-bit set holds the whole plan (off: refused as before).
+        max_poly_modulus_degree: with ``refresh``, also cut where a segment would need a larger ring than
+            this (a client or server that cannot hold N = 32768 keys); None: any 128-bit set.
+        compiler: the compile function (default :func:`veil.he.compile.compile`); tests pass a wrapper.
+
+    Returns:
+        A :class:`SegmentedPlan`; ``report`` says what was chosen and why.
+
+    Raises:
+        CompileError: an op the compiler cannot lower.
+        ParameterError: too deep for one set and ``refresh`` is off (the message names nodes and levels,
+            and the flag), or a stretch between two adjacent cut points is too deep by itself.
+    """
+    import onnx
+    from veil.he.compile import compile as he_compile
+
+    if max_poly_modulus_degree is not None and not refresh:
+        raise ParameterError(f"compile_segmented: `max_poly_modulus_degree` expected only with refresh=True, "
+                             f"received {max_poly_modulus_degree} with refresh=False")
+    compiler = compiler or he_compile
+    model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
+    cap = max_poly_modulus_degree or POLY_MODULUS_DEGREES[-1]
+    try:
+        whole = compiler(model, mode=mode, precision_bits=precision_bits)
+    except ParameterError as exc:
+        if not refresh:
+            raise ParameterError(f"{exc} Or export with client refresh (`veil export he --refresh`, "
+                                 f"compile_segmented(..., refresh=True)) to run it in several rounds.") from exc
+        needed, whole_error = _too_deep_levels(exc), str(exc)
+    else:
+        if whole.parameters().poly_modulus_degree <= cap:
+            return SegmentedPlan([whole], [], {"rounds": 1, "cuts": [], "levels": whole.levels,
+                                               "why": "the whole plan fits one 128-bit parameter set: no refresh"})
+        needed = whole.levels
+        whole_error = f"it needs N={whole.parameters().poly_modulus_degree} > max_poly_modulus_degree={cap}"
+    candidates = cut_candidates(model)
+    model = _with_shapes(model, candidates)
+    points = [model.graph.input[0].name, *candidates, model.graph.output[0].name]
+    best = _search(model, points, mode, precision_bits, compiler, cap)
+    plans, ends = best
+    cuts = [points[j] for j in ends[:-1]]
+    segments = [{"index": k, "input": p.spec["inputs"][0]["name"], "output": p.spec["outputs"][0]["name"],
+                 "levels": p.levels, "poly_modulus_degree": p.parameters().poly_modulus_degree,
+                 "coeff_mod_bit_sizes": list(p.parameters().coeff_mod_bit_sizes), "cost": _cost(p)}
+                for k, p in enumerate(plans)]
+    report = {
+        "rounds": len(plans), "cuts": cuts, "segments": segments, "candidates": candidates,
+        "unsegmented_levels": needed, "segment_levels_total": sum(p.levels for p in plans),
+        "cost": sum(_cost(p) for p in plans), "cost_model": "sum over segments of N * (levels + 2)",
+        "max_poly_modulus_degree": cap,
+        "why": (f"the whole plan needs {needed} levels, more than one 128-bit set within N <= {cap} offers "
+                f"({whole_error}); "
+                f"{len(plans)} rounds is the fewest any cutting at the {len(candidates)} candidate cuts allows, "
+                f"and among those cuttings {cuts} has the lowest cost"),
+    }
+    return SegmentedPlan(plans, cuts, report)
+
+
+def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits: int,
+            compiler: Callable[..., Plan], cap: int) -> tuple[list[Plan], list[int]]:
+    """Exact DP over cut points: the segmentation with the fewest segments, then the lowest total cost."""
+    n = len(points) - 1
+    best: dict[int, tuple[int, int, list[Plan], list[int]]] = {0: (0, 0, [], [])}  # point -> rounds, cost, plans, ends
+    errors: dict[int, str] = {}
+    for i in range(n):
+        if i not in best:
+            continue
+        rounds, cost, plans, ends = best[i]
+        for j in range(i + 1, n + 1):
+            try:
+                plan = compiler(extract_segment(model, points[i], points[j]), mode=mode, precision_bits=precision_bits)
+            except ParameterError as exc:
+                errors.setdefault(i, f"from {points[i]!r} to {points[j]!r}: {exc}")
+                break  # levels never decrease as the end moves later (module docstring)
+            if plan.parameters().poly_modulus_degree > cap:
+                errors.setdefault(i, f"from {points[i]!r} to {points[j]!r}: {plan.levels} levels need "
+                                     f"N={plan.parameters().poly_modulus_degree} > {cap}")
+                break
+            entry = (rounds + 1, cost + _cost(plan), [*plans, plan], [*ends, j])
+            if j not in best or entry[:2] < best[j][:2]:
+                best[j] = entry
+    if n not in best:
+        stuck = max(best)
+        raise ParameterError(f"compile_segmented: no segmentation fits 128-bit parameter sets (N <= {cap}); the stretch "
+                             f"{errors.get(stuck, '')} is too deep by itself even with a cut at every candidate "
+                             f"({points[1:-1]}). Lower precision_bits or the depth between cut points.")
+    return best[n][2], best[n][3]
+
+
+# -- the server's round book ---------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Ticket:
+    """One admitted round: which request, which round, whether it is the last."""
+
+    request_id: str
+    round: int
+    final: bool
+
+
+@dataclasses.dataclass
+class _Pending:
+    owner: str  # the round-0 key id
+    key_ids: list[str]
+    next_round: int
+    busy: bool
+    expires: float
+
+
+class RoundBook:
+    """Binds the rounds of each request: bounded pending state (LRU + TTL, per owner), thread-safe.
+
+    Round 0 opens a request: the server issues a request id (or records the client's, if unused) and the
+    key ids of every round (``meta.key_ids``; one key set per parameter set). Round k > 0 must name an open
+    request, come with that request's key id for round k, and be the next round; while a round is being
+    evaluated the same round is refused, and after it succeeds it can never be sent again.
+
+    Args:
+        rounds: rounds per inference (segments of the plan).
+        ttl_seconds: an open request expires this long after its last round.
+        max_pending: open requests kept in all (the least recently used is dropped beyond it).
+        max_per_owner: open requests kept per round-0 key id (that owner's oldest is dropped beyond it).
+        clock: time source (tests).
+    """
+
+    def __init__(self, rounds: int, ttl_seconds: float = 600.0, max_pending: int = 4096, max_per_owner: int = 32,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rounds, self.ttl, self.max_pending, self.max_per_owner = rounds, ttl_seconds, max_pending, max_per_owner
+        self.clock, self._lock = clock, threading.Lock()
+        self._open: OrderedDict[str, _Pending] = OrderedDict()
+
+    def _parse(self, meta: dict[str, Any], key_id: str) -> tuple[int, str | None]:
+        k = meta.get("round", 0 if self.rounds == 1 else None)
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.rounds:
+            raise EnvelopeError(f"envelope.meta.round: expected an int in 0..{self.rounds - 1} (this model runs in "
+                             f"{self.rounds} rounds with client refresh), received {k!r}")
+        rid = meta.get("request_id")
+        if rid is not None and (not isinstance(rid, str) or not _REQUEST_ID.match(rid)):
+            raise EnvelopeError(f"envelope.meta.request_id: expected 8-64 characters [A-Za-z0-9_-], received "
+                             f"{str(rid)[:80]!r}")
+        if k > 0 and rid is None:
+            raise EnvelopeError(f"envelope.meta.request_id: round {k} expected the request_id of round 0's result, "
+                             f"received none")
+        return k, rid
+
+    def begin(self, meta: dict[str, Any], key_id: str) -> Ticket:
+        """Admit round ``meta.round`` of a request for evaluation (claims it until :meth:`end`).
+
+        Raises:
+            RoundError: 400 for malformed round fields; 409 for a replayed, out-of-order, concurrent or
+                unknown round, or one sent with another key than its request was opened with.
+        """
+        k, rid = self._parse(meta, key_id)
+        if self.rounds == 1:
+            return Ticket(rid or "", 0, True)
+        with self._lock:
+            self._expire()
+            if k == 0:
+                return self._open_request(meta, key_id, rid)
+            entry = self._open.get(rid)  # type: ignore[arg-type]
+            if entry is None:
+                raise RoundError(f"request_id {rid}: no open request (unknown, expired or already finished); "
+                                 f"start again at round 0")
+            if entry.key_ids[k] != key_id:
+                raise RoundError(f"request_id {rid}: round {k} belongs to key {entry.key_ids[k][:12]}, received "
+                                 f"key {key_id[:12]} (a round for another request or key)")
+            if entry.busy:
+                raise RoundError(f"request_id {rid}: round {entry.next_round} is being evaluated; not sent twice")
+            if k != entry.next_round:
+                what = "replayed" if k < entry.next_round else "out of order"
+                raise RoundError(f"request_id {rid}: round {k} {what}; expected round {entry.next_round}")
+            entry.busy = True
+            self._open.move_to_end(rid)  # type: ignore[arg-type]
+            return Ticket(rid, k, k == self.rounds - 1)  # type: ignore[arg-type]
+
+    def _open_request(self, meta: dict[str, Any], key_id: str, rid: str | None) -> Ticket:
+        key_ids = meta.get("key_ids")
+        if (not isinstance(key_ids, list) or len(key_ids) != self.rounds or key_ids[0] != key_id
+                or not all(isinstance(x, str) and x for x in key_ids)):
+            raise EnvelopeError(f"envelope.meta.key_ids: expected the key id of each of the {self.rounds} rounds, "
+                             f"starting with this request's key {key_id[:12]}, received "
+                             f"{str(key_ids)[:200]}")
+        if rid is None:
+            rid = secrets.token_hex(16)
+        elif rid in self._open:
+            raise RoundError(f"request_id {rid}: already open (a replayed round 0?); use a new request id")
+        mine = [r for r, e in self._open.items() if e.owner == key_id]
+        if len(mine) >= self.max_per_owner:
+            del self._open[mine[0]]
+        if len(self._open) >= self.max_pending:
+            self._open.popitem(last=False)
+        self._open[rid] = _Pending(key_id, list(key_ids), 0, True, self.clock() + self.ttl)
+        return Ticket(rid, 0, False)
+
+    def end(self, ticket: Ticket, ok: bool) -> None:
+        """Release a claimed round: on success the request moves on (and closes after its last round)."""
+        if self.rounds == 1:
+            return
+        with self._lock:
+            entry = self._open.get(ticket.request_id)
+            if entry is None or entry.next_round != ticket.round:
+                return  # evicted meanwhile
+            entry.busy = False
+            if not ok:
+                if ticket.round == 0:
+                    del self._open[ticket.request_id]  # nothing was answered: the id may be used again
+                return
+            entry.next_round += 1
+            entry.expires = self.clock() + self.ttl
+            if entry.next_round == self.rounds:
+                del self._open[ticket.request_id]
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for rid in [r for r, e in self._open.items() if e.expires <= now and not e.busy]:
+            del self._open[rid]
+
+    def pending(self) -> int:
+        """Open requests (tests, metrics)."""
+        with self._lock:
+            return len(self._open)

@@ -1,0 +1,215 @@
+"""Segmented plans (issue 18 §2): cut points, level accounting, the cut choice, save/load, round binding."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+from veil.export import export_graph
+from veil.he.compile import compile
+from veil.he.errors import EnvelopeError, ParameterError
+from veil.he.segments import (
+    RoundBook,
+    RoundError,
+    SegmentedPlan,
+    compile_segmented,
+    cut_candidates,
+    extract_segment,
+)
+from veil.training.uldnet import ModelConfig, PolyAct, PolyActConfig, PolyCNN
+
+_CACHE: dict[str, onnx.ModelProto] = {}
+
+
+def deep_mlp(layers: int = 3) -> nn.Module:
+    """layers x (Linear 6->6, PolyAct(2)), Linear 6->3: 2 levels per layer + 1 (2*layers + 1 in all)."""
+    torch.manual_seed(0)
+    body: list[nn.Module] = []
+    for _ in range(layers):
+        act = PolyAct(6, PolyActConfig(degree=2))
+        with torch.no_grad():
+            act.alpha.add_(0.1 * torch.randn_like(act.alpha))
+        body += [nn.Linear(6, 6), act]
+    return nn.Sequential(*body, nn.Linear(6, 3)).eval()
+
+
+def exported(name: str) -> onnx.ModelProto:
+    if name not in _CACHE:
+        if name == "mlp":
+            model, example = deep_mlp(), torch.randn(4, 6)
+        else:  # a 28-level PolyCNN on 8x8 images (deeper than any 128-bit set at 20 bits)
+            torch.manual_seed(0)
+            model, example = PolyCNN(ModelConfig(arch="cnn", input_shape=[1, 8, 8], width=2, depth=1)).eval(), \
+                torch.randn(4, 1, 8, 8)
+        _CACHE[name] = export_graph(model, (example,), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    return _CACHE[name]
+
+
+def ort_run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    name = model.graph.input[0].name
+    return ort.InferenceSession(model.SerializeToString()).run(None, {name: x.astype(np.float32)})[0]
+
+
+def test_cut_candidates_hold_the_only_live_tensor() -> None:
+    model = exported("cnn")
+    candidates = cut_candidates(model)
+    made = {o: n.op_type for n in model.graph.node for o in n.output}
+    # between blocks, never inside a residual block (where the shortcut is alive beside the main path)
+    assert {"poly_act", "add_40", "poly_act_2", "avg_pool2d", "poly_act_4"} <= set(candidates)
+    assert not {"conv2d_1", "poly_norm_1", "poly_act_1", "conv2d_3", "conv2d_5"} & set(candidates)
+    assert "x" not in candidates and "logits" not in candidates and all(c in made for c in candidates)
+    # prefix then suffix, each a standalone model, computes exactly the whole model at every cut
+    x = np.random.default_rng(0).normal(size=(3, 1, 8, 8))
+    whole = ort_run(model, x)
+    for cut in candidates:
+        head, tail = extract_segment(model, "x", cut), extract_segment(model, cut, "logits")
+        assert [i.name for i in tail.graph.input] == [cut] and len(tail.graph.output) == 1
+        np.testing.assert_allclose(ort_run(tail, ort_run(head, x)), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_too_deep_without_refresh_is_refused_naming_nodes_and_levels() -> None:
+    with pytest.raises(ParameterError, match=r"needs 28 levels \(node_poly_norm -> \d+.*--refresh"):
+        compile_segmented(exported("cnn"), precision_bits=20)
+
+
+def test_a_plan_that_fits_is_one_segment() -> None:
+    plan = compile_segmented(exported("mlp"), refresh=True)
+    assert plan.rounds == 1 and plan.cuts == [] and plan.plans[0].hash() == compile(exported("mlp")).hash()
+    assert plan.hash() == plan.plans[0].hash()  # a one-segment plan keeps its plain plan hash
+
+
+def test_segments_each_fit_and_cover_the_levels() -> None:
+    whole = compile(exported("mlp"))  # 7 levels: N=16384 at 20 bits
+    plan = compile_segmented(exported("mlp"), refresh=True, max_poly_modulus_degree=8192)
+    assert plan.rounds >= 2 and len(plan.cuts) == plan.rounds - 1
+    levels = [p.levels for p in plan.plans]
+    assert sum(levels) >= whole.levels
+    for p in plan.plans:
+        params = p.parameters()
+        assert params.poly_modulus_degree <= 8192 and p.levels <= params.levels
+    report = plan.report
+    assert report["rounds"] == plan.rounds and report["cuts"] == plan.cuts
+    assert report["unsegmented_levels"] == whole.levels and report["segment_levels_total"] == sum(levels)
+    assert [s["levels"] for s in report["segments"]] == levels and "fewest" in report["why"]
+    # the cuts are where PolyAct ends a layer (a cut after a Gemm would pay one more level for its output)
+    assert all(c.startswith("poly_act") for c in plan.cuts)
+    # 3 layers of 2 levels + the head: no segmentation at N <= 8192 (3 levels at 20 bits) has fewer rounds
+    assert plan.rounds == 3
+
+
+def test_the_choice_is_the_cheapest_with_the_fewest_rounds() -> None:
+    """Exhaustive check over every cutting at the candidates (few enough here) against the DP's choice."""
+    import itertools
+
+    model = exported("mlp")
+    points = ["x", *cut_candidates(model), "logits"]
+    cost: dict[tuple[int, int], int | None] = {}
+    for i, j in itertools.combinations(range(len(points)), 2):
+        try:
+            p = compile(extract_segment(model, points[i], points[j]))
+        except ParameterError:
+            cost[i, j] = None
+            continue
+        n = p.parameters().poly_modulus_degree
+        cost[i, j] = None if n > 8192 else n * (p.levels + 2)
+    options = []
+    for r in range(len(points) - 1):
+        for inner in itertools.combinations(range(1, len(points) - 1), r):
+            ends = [0, *inner, len(points) - 1]
+            parts = [cost[a, b] for a, b in itertools.pairwise(ends)]
+            if None not in parts:
+                options.append((len(parts), sum(parts), [points[k] for k in inner]))
+    plan = compile_segmented(model, refresh=True, max_poly_modulus_degree=8192)
+    assert (plan.rounds, plan.report["cost"]) == min(options)[:2]
+
+
+def test_save_load_round_trip_checks_every_hash(tmp_path) -> None:
+    plan = compile_segmented(exported("mlp"), refresh=True, max_poly_modulus_degree=8192)
+    folder = plan.save(tmp_path / "1")
+    assert sorted(p.name for p in folder.iterdir()) == ["segment_0", "segment_1", "segment_2", "segments.json"]
+    loaded = SegmentedPlan.load(folder)
+    assert loaded.hash() == plan.hash() and loaded.cuts == plan.cuts and loaded.report == plan.report
+    assert [s["plan_hash"] for s in loaded.segments()] == [p.hash() for p in plan.plans]
+    text = (folder / "segments.json").read_text()
+    (folder / "segments.json").write_text(text.replace(plan.cuts[0], "elsewhere", 1))
+    with pytest.raises(ValueError, match="segment"):
+        SegmentedPlan.load(folder)
+    single = compile_segmented(exported("mlp"), refresh=True)
+    assert SegmentedPlan.load(single.save(tmp_path / "2")).hash() == single.hash()
+    assert not (tmp_path / "2" / "segments.json").exists()  # a plain plan folder, as before segments
+
+
+# -- round binding -------------------------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_round(book: RoundBook, meta: dict, key: str, ok: bool = True):
+    ticket = book.begin(meta, key)
+    book.end(ticket, ok)
+    return ticket
+
+
+def test_round_book_binds_rounds_to_one_request() -> None:
+    book = RoundBook(3)
+    keys = ["k0", "k1", "k1"]
+    first = run_round(book, {"round": 0, "key_ids": keys}, "k0")
+    rid = first.request_id
+    assert len(rid) == 32 and not first.final
+    with pytest.raises(RoundError, match="out of order"):
+        book.begin({"round": 2, "request_id": rid}, "k1")
+    with pytest.raises(RoundError, match="another request or key"):
+        book.begin({"round": 1, "request_id": rid}, "k0")
+    with pytest.raises(RoundError, match="no open request"):
+        book.begin({"round": 1, "request_id": "f" * 32}, "k1")
+    ticket = book.begin({"round": 1, "request_id": rid}, "k1")
+    with pytest.raises(RoundError, match="being evaluated"):  # the same round sent twice at once
+        book.begin({"round": 1, "request_id": rid}, "k1")
+    book.end(ticket, ok=True)
+    with pytest.raises(RoundError, match="replayed"):
+        book.begin({"round": 1, "request_id": rid}, "k1")
+    assert run_round(book, {"round": 2, "request_id": rid}, "k1").final
+    with pytest.raises(RoundError, match="no open request"):  # finished: the last round cannot be replayed
+        book.begin({"round": 2, "request_id": rid}, "k1")
+    assert book.pending() == 0
+    assert RoundError.http_status == 409
+
+
+def test_round_book_failed_rounds_can_be_retried_and_ids_are_checked() -> None:
+    book = RoundBook(2)
+    rid = run_round(book, {"round": 0, "key_ids": ["a", "b"], "request_id": "client-id-1"}, "a").request_id
+    assert rid == "client-id-1"
+    with pytest.raises(RoundError, match="already open"):  # a replayed round 0 with the client's id
+        book.begin({"round": 0, "key_ids": ["a", "b"], "request_id": rid}, "a")
+    run_round(book, {"round": 1, "request_id": rid}, "b", ok=False)  # evaluation failed: not consumed
+    assert run_round(book, {"round": 1, "request_id": rid}, "b").final
+    for meta, match in [({"round": 5}, "meta.round"), ({"round": "0"}, "meta.round"), ({}, "meta.round"),
+                        ({"round": 1}, "request_id"), ({"round": 0, "key_ids": ["a"]}, "key_ids"),
+                        ({"round": 0, "key_ids": ["x", "b"]}, "key_ids"),
+                        ({"round": 0, "key_ids": ["a", "b"], "request_id": "../../etc"}, "request_id")]:
+        with pytest.raises(EnvelopeError, match=match):
+            book.begin(meta, "a")
+
+
+def test_round_book_is_bounded_by_ttl_and_per_owner() -> None:
+    clock = Clock()
+    book = RoundBook(2, ttl_seconds=10, max_pending=3, max_per_owner=2, clock=clock)
+    ids = [run_round(book, {"round": 0, "key_ids": ["a", "a"]}, "a").request_id for _ in range(3)]
+    assert book.pending() == 2  # owner a keeps its 2 newest
+    with pytest.raises(RoundError, match="no open request"):
+        book.begin({"round": 1, "request_id": ids[0]}, "a")
+    others = [run_round(book, {"round": 0, "key_ids": ["b", "b"]}, "b").request_id for _ in range(2)]
+    assert book.pending() == 3  # global bound: the least recently used went
+    clock.now = 11.0
+    with pytest.raises(RoundError, match="no open request"):
+        book.begin({"round": 1, "request_id": others[-1]}, "b")
+    assert book.pending() == 0
+    single = RoundBook(1)
+    assert single.begin({}, "a").final and single.pending() == 0  # one round: nothing to bind
