@@ -16,37 +16,31 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from prometheus_client import Counter
 
 from .batcher import Scheduler, _Pending
 from .errors import MalformedRequest, ModelLoadFailed, ModelNotFound, ModelNotReady
-from .metrics import Metrics, ModelMetrics
+from .metrics import CounterFamily, Metrics, ModelMetrics
 from .repository import BatchingConfig
 from .runtime import Session
 
 SUFFIX = ".onnx_adapter"
 DEFAULT_CACHE_SIZE = 8
-_FAMILIES: weakref.WeakKeyDictionary[Metrics, dict[str, Counter]] = weakref.WeakKeyDictionary()
 
 
 class AdapterNotFound(ModelNotFound):
     """The request names an adapter the model does not have (HTTP 404)."""
 
 
-def _families(metrics: Metrics) -> dict[str, Counter]:
-    """The adapter-cache counters of an app's registry (created once per registry)."""
-    if metrics not in _FAMILIES:
-        _FAMILIES[metrics] = {kind: Counter(f"veil_adapter_cache_{kind}", f"Adapter cache {kind} (LRU of loaded "
-                                            "ORT LoraAdapters)", ["model", "version"], registry=metrics.registry)
-                              for kind in ("hits", "misses", "evictions")}
-    return _FAMILIES[metrics]
+def _families(metrics: Metrics) -> dict[str, CounterFamily]:
+    """The adapter-cache counters of an app (``veil_adapter_cache_{hits,misses,evictions}_total``, no ``_created``)."""
+    return {kind: metrics.counter(f"veil_adapter_cache_{kind}_total", f"Adapter cache {kind} (LRU of loaded "
+                                  "ORT LoraAdapters)", ["model", "version"]) for kind in ("hits", "misses", "evictions")}
 
 
 class AdapterCache:

@@ -6,7 +6,8 @@ first waiting request once an instance is free, then gathers more until the batc
 samples or ``max_queue_delay_microseconds`` has passed. Requests whose non-batch dims and dtypes match are
 concatenated along dim 0 and run as one ``session.run``; the outputs are split back. Requests that do not
 match run separately. The run happens in a worker thread (ONNX Runtime releases the GIL), so the event loop
-keeps reading requests meanwhile. A full queue is refused with :class:`QueueFull` (HTTP 503).
+keeps reading requests meanwhile. A full queue is refused with :class:`QueueFull` (HTTP 503); a run that fails
+on its inputs is a 400, one that fails for any other reason a 500 logged once (:meth:`Scheduler._classify`).
 """
 
 from __future__ import annotations
@@ -14,18 +15,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from .errors import InferenceFailed, ModelNotReady, QueueFull
+from .errors import EngineError, InferenceFailed, InternalError, ModelNotReady, QueueFull
 from .metrics import ModelMetrics
 from .repository import BatchingConfig
 
 Feeds = dict[str, np.ndarray]
+logger = logging.getLogger("veil.engine")
+# ONNX Runtime's errors for inputs the graph refuses (the client's fault); its other types are the server's
+_ORT_INPUT_ERRORS = (ort_state.InvalidArgument, ort_state.RuntimeException, ort_state.Fail)
 
 
 @dataclass
@@ -153,8 +159,8 @@ class Scheduler:
                     p.queue_ns = start - p.enqueued_ns
                 try:
                     results = await loop.run_in_executor(self._executor, self._run_group, group)
-                except Exception as exc:  # ORT's errors have several types; all mean "refused these inputs"
-                    error = InferenceFailed(f"model '{self._metrics.name}': ONNX Runtime failed: {exc}")
+                except Exception as exc:
+                    error = self._classify(exc, len(group))
                     for p in group:
                         if not p.future.done():
                             p.future.set_exception(error)
@@ -165,6 +171,20 @@ class Scheduler:
         finally:
             if release:
                 self._free.release()
+
+    def _classify(self, exc: Exception, requests: int) -> EngineError:
+        """The error a failed run gives its requests: the client's fault (4xx) or the server's (500, logged once).
+
+        ONNX Runtime's InvalidArgument / RuntimeException / Fail mean "these inputs" (a shape the graph cannot
+        reshape, a wrong rank); an engine error keeps its own status; anything else (a bug, MemoryError, a device
+        failure) is a server fault: logged here once for the whole group, and a 500 for each request.
+        """
+        if isinstance(exc, EngineError):
+            return exc
+        if isinstance(exc, _ORT_INPUT_ERRORS):
+            return InferenceFailed(f"model '{self._metrics.name}': ONNX Runtime failed on these inputs: {exc}")
+        logger.error("model '%s': run failed for %d request(s)", self._metrics.name, requests, exc_info=exc)
+        return InternalError(f"internal error: {type(exc).__name__} while running model '{self._metrics.name}'")
 
     def _run_group(self, group: list[_Pending]) -> list[dict[str, np.ndarray]]:
         """Worker thread: concatenate along dim 0, one run, split the outputs back per request."""

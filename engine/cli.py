@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from .server import ServerConfig, serve
+from .server import ServeError, ServerConfig, serve
 
 EXAMPLE = """example:
   veil serve --repo models/ --port 8000
@@ -45,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): `veil serve` returns, the caller exits
         return exc.code if isinstance(exc.code, int) else 2
-    serve(config)
+    try:
+        serve(config)
+    except ServeError as exc:  # the port is busy: one line, before any model loaded
+        print(exc, file=sys.stderr)
+        return 1
     return 0
 
 

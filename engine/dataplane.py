@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .adapters import select_adapter
-from .errors import EngineError, ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
+from .errors import ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
 from .metrics import Metrics
 from .models import OnnxModel
 
 if TYPE_CHECKING:
     from veil.he.keystore import KeyStore
 from .protocol import InferRequest, InferResponse
-from .repository import CUSTOM_BACKENDS, index, read_model
+from .repository import CUSTOM_BACKENDS, check_model_name, index, read_model
 from .runtime import RuntimeOptions
 
 logger = logging.getLogger("veil.engine")
@@ -63,7 +63,7 @@ class DataPlane:
             self.models[name] = self._load_versions(name)
 
     def _load_versions(self, name: str) -> dict[str, OnnxModel]:
-        folder = self.repo / name
+        folder = self.repo / check_model_name(name)  # one path component: never outside the repository
         if not folder.is_dir():
             raise ModelNotFound(f"model '{name}' is not in the repository {self.repo}")
         source = read_model(folder)
@@ -87,9 +87,10 @@ class DataPlane:
 
         Raises:
             ModelNotFound: no such model or version is loaded (AdapterNotFound: no such adapter).
+            InvalidModelName: the name is not one path component.
         """
         name, _, adapter = name.partition(":")
-        model = self._get_model(name, version)
+        model = self._get_model(check_model_name(name), version)
         if adapter:
             select_adapter(getattr(model, "adapters", None), name, adapter, None)
         return model
@@ -139,7 +140,7 @@ class DataPlane:
                                      request.parameters)
             feeds, batch = model.check_inputs(request.inputs, request.parameters)
             outputs, queue_ns = await (model.infer(feeds, batch) if adapter is None else model.infer(feeds, batch, adapter))
-        except (EngineError, ValueError):  # ValueError: veil.he refusals (HEError)
+        except BaseException:  # client errors and server faults alike count as failed (as in Triton)
             model.metrics.record_request(False, time.perf_counter_ns() - start, 0)
             raise
         model.metrics.record_request(True, time.perf_counter_ns() - start, queue_ns)
@@ -164,8 +165,9 @@ class DataPlane:
         """(Re)load a model from disk; the old versions keep serving until the new ones are ready.
 
         Raises:
-            ModelNotFound, ModelLoadFailed.
+            InvalidModelName, ModelNotFound, ModelLoadFailed.
         """
+        check_model_name(name)
         try:
             new = await asyncio.get_running_loop().run_in_executor(None, self._load_versions, name)
         except ModelLoadFailed as exc:
@@ -181,9 +183,9 @@ class DataPlane:
         """Unload every version of a model; queued and running requests finish first.
 
         Raises:
-            ModelNotFound: the model is not loaded.
+            InvalidModelName: the name is not one path component. ModelNotFound: the model is not loaded.
         """
-        versions = self.models.pop(name, None)
+        versions = self.models.pop(check_model_name(name), None)
         if versions is None:
             raise ModelNotFound(f"model '{name}' is not loaded; loaded models: {sorted(self.models)}")
         self.unavailable[name] = "unloaded"

@@ -3,7 +3,7 @@
 Each class states its HTTP status in its docstring and carries it as ``status_code``. Handlers answer with
 the Open Inference Protocol error body ``{"error": "<message>"}``. Messages name the field, the expected
 and the received value, and never contain tensor payloads. :func:`add_exception_handlers` registers all
-handlers in one place, the catch-all last.
+handlers in one place, the catch-all (:class:`CatchAll`, which logs once) last.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("veil.engine")
 
@@ -85,6 +86,30 @@ class ModelLoadFailed(EngineError, ValueError):
     status_code = 400
 
 
+class InvalidModelName(MalformedRequest):
+    """A model name that is not one path component (``..``, ``/``, ``%``, NUL...) (HTTP 400)."""
+
+    status_code = 400
+
+
+class UnsupportedEncoding(EngineError):
+    """A ``Content-Encoding`` other than gzip, deflate or identity (HTTP 415)."""
+
+    status_code = 415
+
+
+class RequestTimeout(EngineError):
+    """The request body did not arrive within ``--body-timeout-s`` (HTTP 408)."""
+
+    status_code = 408
+
+
+class InternalError(EngineError):
+    """A server fault (a bug, memory exhaustion) already logged where it happened (HTTP 500)."""
+
+    status_code = 500
+
+
 class Unauthorized(EngineError):
     """The repository API was called without the right ``Authorization: Bearer <token>`` (HTTP 401)."""
 
@@ -104,7 +129,8 @@ class ModelNotFound(EngineError):
 
 
 class PayloadTooLarge(EngineError):
-    """The request body exceeds the server's ``--max-body-mb`` (HTTP 413)."""
+    """The request body (or its decompressed form, or a JSON tensor's element count) exceeds the server's limits
+    (``--max-body-mb``, ``--max-json-elements``) (HTTP 413)."""
 
     status_code = 413
 
@@ -127,7 +153,10 @@ def error_response(status_code: int, message: str) -> Response:
 
 
 async def _engine_error(_: Request, exc: EngineError) -> Response:
-    return error_response(exc.status_code, str(exc))
+    response = error_response(exc.status_code, str(exc))
+    if exc.status_code in (408, 413):  # the rest of the body was never read: the connection cannot be reused
+        response.headers["connection"] = "close"
+    return response
 
 
 async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
@@ -139,10 +168,34 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> Response
     return error_response(400, f"invalid request: {where}")
 
 
-async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    # the traceback goes to the log, never the body; payloads are never logged
-    logger.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, f"internal error: {type(exc).__name__}")
+class CatchAll:
+    """ASGI middleware: an exception no handler took becomes a 500 ``{"error": "internal error: <type>"}``,
+    logged once with its traceback (never the body; payloads are never logged).
+
+    Starlette's own catch-all (an ``Exception`` handler) re-raises after answering so that the server logs the
+    exception too: every bug cost two tracebacks, and an anonymous client could double the log flood.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            logger.error("internal error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
+            if not started:  # otherwise the response is cut short; the client sees the connection close
+                await error_response(500, f"internal error: {type(exc).__name__}")(scope, receive, send)
 
 
 async def _he_error(_: Request, exc: Exception) -> Response:
@@ -158,4 +211,4 @@ def add_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HEError, _he_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    app.add_middleware(CatchAll)  # the catch-all, outside every handler above

@@ -19,21 +19,33 @@ The app state holds ``dataplane`` (:class:`~veil.engine.dataplane.DataPlane`), `
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hmac
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from fastapi import Request
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from veil import __version__
 
 from .adapters import adapter_metadata
 from .dataplane import DataPlane
-from .errors import MalformedRequest, ModelNotFound, PayloadTooLarge, RepositoryApiDisabled, Unauthorized
-from .protocol import decode_request, encode_response, header_length
+from .errors import (
+    MalformedRequest,
+    ModelNotFound,
+    PayloadTooLarge,
+    RepositoryApiDisabled,
+    RequestTimeout,
+    Unauthorized,
+)
+from .protocol import InferRequest, decode_request, decompress, encode_response, header_length
 
+INLINE_BYTES = 64 * 1024  # bodies and outputs up to this size are (de)coded on the event loop
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "veil_he_keys"]
 
 
@@ -51,15 +63,33 @@ async def read_body(request: Request, limit: int | None = None, flag: str = "--m
     ``flag`` names the limit in the 413 message (what the operator would change)."""
     limit = request.app.state.max_body_bytes if limit is None else limit
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:  # "²".isdigit() is True
         raise PayloadTooLarge(f"request body: expected at most {limit} bytes ({flag}), received {declared}")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    async for chunk in _timed_stream(request):
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body: expected at most {limit} bytes ({flag}), received more")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _timed_stream(request: Request) -> AsyncIterator[bytes]:
+    """The body's chunks; 408 once reading it takes longer than ``body_timeout_s`` (a slow client holds a
+    connection and its buffers only that long)."""
+    timeout = getattr(request.app.state, "body_timeout_s", None)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), None if deadline is None else deadline - loop.time())
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"request body: expected it within {timeout} s (--body-timeout-s), "
+                                 "received it more slowly") from None
+        yield chunk
 
 
 def bearer_token(request: Request) -> str | None:
@@ -108,6 +138,8 @@ async def model_config(request: Request, model: str, version: str | None = None)
 
 async def model_stats(request: Request, model: str | None = None, version: str | None = None) -> Response:
     plane = _plane(request)
+    if model is None and "stats" in plane.models:  # GET /v2/models/stats is also a model named "stats"'s
+        return await model_metadata(request, "stats")  # metadata: the model wins, as for any other name
     if model is None:
         models = [m for versions in plane.models.values() for m in versions.values()]
     elif version is None:
@@ -133,13 +165,28 @@ async def metrics(request: Request) -> Response:
 # -- inference ------------------------------------------------------------------------------------------
 async def infer(request: Request, model: str, version: str | None = None) -> Response:
     body = await read_body(request)
-    json_length = header_length(request.headers.get("inference-header-content-length"), len(body))
-    result = await _plane(request).infer(model, version, decode_request(body, json_length))
-    content, binary_length = encode_response(result)
+    state = request.app.state
+    decode = functools.partial(_decode, body, request.headers.get("content-encoding"),
+                               request.headers.get("inference-header-content-length"), state.max_body_bytes,
+                               getattr(state, "max_json_elements", None))
+    # a large body is decompressed and decoded (orjson, numpy) off the event loop: health probes and other
+    # clients keep being answered meanwhile; a small one costs less inline than a thread hop
+    decoded = decode() if len(body) <= INLINE_BYTES else await run_in_threadpool(decode)
+    result = await _plane(request).infer(model, version, decoded)
+    encode = functools.partial(encode_response, result)
+    large = sum(a.nbytes if a.dtype != object else a.size * 64 for a in result.outputs.values()) > INLINE_BYTES
+    content, binary_length = await run_in_threadpool(encode) if large else encode()
     if binary_length is None:
         return Response(content, media_type="application/json")
     return Response(content, media_type="application/octet-stream",
                     headers={"Inference-Header-Content-Length": str(binary_length)})
+
+
+def _decode(body: bytes, encoding: str | None, header: str | None, limit: int,
+            max_json_elements: int | None) -> InferRequest:
+    """Content-Encoding, then the OIP body (JSON, or JSON + binary) -> InferRequest."""
+    body = decompress(body, encoding, limit)
+    return decode_request(body, header_length(header, len(body)), max_json_elements)
 
 
 # -- model repository extension (admin) -----------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Counters behind ``GET /metrics`` (Prometheus) and ``GET /v2/models/{m}/stats`` (Triton statistics).
 
 Names follow Triton's where Triton has one (``nv_inference_request_success``, ``nv_inference_count``,
-``nv_inference_exec_count``, ``nv_inference_*_duration_us``), so dashboards built for Triton work; the
+``nv_inference_exec_count``, ``nv_inference_*_duration_us``), exactly: no ``_total`` suffix and no ``_created``
+series (:class:`CounterFamily`), so dashboards built for Triton work; the
 average batch size is ``nv_inference_count / nv_inference_exec_count``. veil adds histograms
 (``veil_request_duration_seconds``, ``veil_batch_size``) and ``veil_execution_provider``, a gauge whose
 label is the provider ONNX Runtime really uses (with the requested one beside it). Each app has its own
@@ -15,7 +16,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client.utils import floatToGoString
 
 _LABELS = ["model", "version"]
 
@@ -109,15 +111,65 @@ class ModelMetrics:
                 "batch_stats": []}
 
 
+class _CounterChild:
+    """One labelled counter value (thread-safe: batcher worker threads and the event loop both count)."""
+
+    def __init__(self) -> None:
+        self.value, self._lock = 0.0, threading.Lock()
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError(f"counter increment: expected >= 0, received {amount}")
+        with self._lock:
+            self.value += amount
+
+
+class CounterFamily:
+    """A Prometheus counter exposed under exactly its name, with ``# TYPE <name> counter``.
+
+    prometheus_client's ``Counter`` appends ``_total`` and adds a ``_created`` series, so Triton's
+    ``nv_inference_request_success`` would read ``nv_inference_request_success_total``, which Triton's
+    dashboards do not query. This family renders the text exposition format itself.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str]) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, list(labelnames)
+        self._children: dict[tuple[str, ...], _CounterChild] = {}
+        self._lock = threading.Lock()
+
+    def labels(self, **labels: str) -> _CounterChild:
+        if sorted(labels) != sorted(self.labelnames):
+            raise ValueError(f"{self.name} labels: expected {self.labelnames}, received {sorted(labels)}")
+        key = tuple(str(labels[n]) for n in self.labelnames)
+        with self._lock:
+            return self._children.setdefault(key, _CounterChild())
+
+    def render(self) -> str:
+        lines = [f"# HELP {self.name} {_escape(self.documentation, help_text=True)}", f"# TYPE {self.name} counter"]
+        with self._lock:
+            children = sorted(self._children.items())
+        for key, child in children:
+            labels = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labelnames, key, strict=True))
+            lines.append(f"{self.name}{{{labels}}} {floatToGoString(child.value)}")
+        return "\n".join(lines) + "\n"
+
+
+def _escape(text: str, help_text: bool = False) -> str:
+    """Prometheus text-format escaping: backslash and newline (and double quotes in label values)."""
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text if help_text else text.replace('"', '\\"')
+
+
 class Metrics:
     """The per-app Prometheus registry and its metric families."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.counters: dict[str, CounterFamily] = {}
         r = self.registry
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, _LABELS, registry=r)
+        def counter(name: str, doc: str) -> CounterFamily:
+            return self.counter(name, doc, _LABELS)
 
         self.success = counter("nv_inference_request_success", "Number of successful inference requests")
         self.failure = counter("nv_inference_request_failure", "Number of failed inference requests")
@@ -136,6 +188,12 @@ class Metrics:
         self.provider = Gauge("veil_execution_provider", "1 for the execution provider ONNX Runtime really uses",
                               [*_LABELS, "provider", "requested"], registry=r)
 
+    def counter(self, name: str, documentation: str, labelnames: list[str]) -> CounterFamily:
+        """The counter family ``name`` of this app (created on first use), rendered under exactly that name."""
+        if name not in self.counters:
+            self.counters[name] = CounterFamily(name, documentation, labelnames)
+        return self.counters[name]
+
     def for_model(self, name: str, version: str, provider: str, requested: str) -> ModelMetrics:
         self.provider.labels(model=name, version=version, provider=provider, requested=requested).set(1)
         return ModelMetrics(self, name, version)
@@ -146,4 +204,6 @@ class Metrics:
             self.provider.remove(name, version, provider, requested)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The Prometheus text exposition: the counters (exact names), then the histograms and gauges."""
+        counters = "".join(family.render() for family in self.counters.values()).encode()
+        return counters + generate_latest(self.registry)

@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import math
 import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
-from .errors import BinarySizeMismatch, DatatypeMismatch, InvalidHeaderLength, MalformedRequest, ShapeMismatch
+from .errors import (
+    BinarySizeMismatch,
+    DatatypeMismatch,
+    InvalidHeaderLength,
+    MalformedRequest,
+    PayloadTooLarge,
+    ShapeMismatch,
+    UnsupportedEncoding,
+)
 
 # OIP datatype -> numpy dtype (little-endian); BYTES are object arrays of `bytes`
 DATATYPES: dict[str, np.dtype] = {
@@ -37,6 +46,7 @@ ONNX_DATATYPES: dict[str, str] = {
 _JSON_KINDS = {"BOOL": "b", "FP32": "biuf", "FP64": "biuf", "BYTES": "U"} | {
     name: "biu" for name in ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")}
 _LENGTH = struct.Struct("<I")
+MAX_DIMS = 32  # numpy's limit is 64 (32 before numpy 2); ONNX Runtime tensors stay far below either
 
 
 def triton_to_datatype(triton_type: str) -> str:
@@ -87,24 +97,68 @@ class InferResponse:
 
 # -- decode ---------------------------------------------------------------------------------------------
 def header_length(value: str | None, body_size: int) -> int | None:
-    """Parse ``Inference-Header-Content-Length`` (None when absent)."""
+    """Parse ``Inference-Header-Content-Length`` (None when absent); ASCII digits only."""
     if value is None:
         return None
-    if not value.strip().isdigit() or not 0 < int(value) <= body_size:
+    if not _ascii_int(value) or not 0 < int(value) <= body_size:
         raise InvalidHeaderLength(
             f"Inference-Header-Content-Length: expected an integer in [1, {body_size}] (the body size), received {value!r}")
     return int(value)
 
 
-def decode_request(body: bytes, json_length: int | None) -> InferRequest:
+def _ascii_int(value: str) -> bool:
+    """Whether ``value`` is a non-negative integer in ASCII digits (``str.isdigit`` accepts "²", ``int`` does not)."""
+    value = value.strip()
+    return value.isascii() and value.isdigit()
+
+
+def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """The body under ``Content-Encoding`` gzip or deflate (zlib or raw), refused beyond ``limit`` bytes decoded.
+
+    tritonclient sends these with ``request_compression_algorithm``; ``Inference-Header-Content-Length`` then
+    counts the decompressed JSON. Decompression stops at ``limit + 1`` bytes, so a zip bomb costs at most that.
+
+    Raises:
+        UnsupportedEncoding: another encoding (HTTP 415). PayloadTooLarge: more than ``limit`` bytes decoded.
+        MalformedRequest: the data is not valid gzip/deflate or is truncated.
+    """
+    encoding = (encoding or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise UnsupportedEncoding(f"Content-Encoding: expected gzip, deflate or identity, received {encoding!r}")
+    if encoding == "deflate":  # RFC 9110 says zlib format; some clients send raw deflate
+        raw = len(body) < 2 or body[0] & 0x0F != 8 or (body[0] << 8 | body[1]) % 31 != 0
+        wbits = -zlib.MAX_WBITS if raw else zlib.MAX_WBITS
+    else:
+        wbits = 16 + zlib.MAX_WBITS
+    decoder = zlib.decompressobj(wbits)
+    try:
+        out = decoder.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise MalformedRequest(f"request body: expected {encoding} data (Content-Encoding), received invalid data: "
+                               f"{exc}") from None
+    if len(out) > limit:
+        raise PayloadTooLarge(f"request body: expected at most {limit} bytes once decompressed (--max-body-mb), "
+                              "received more")
+    if not decoder.eof or decoder.unused_data:
+        raise MalformedRequest(f"request body: expected one complete {encoding} stream (Content-Encoding), received "
+                               f"{'trailing data' if decoder.eof else 'a truncated one'}")
+    return out
+
+
+def decode_request(body: bytes, json_length: int | None, max_json_elements: int | None = None) -> InferRequest:
     """Decode a JSON-only or JSON+binary inference request body.
 
     Args:
         body: the whole HTTP body.
         json_length: the ``Inference-Header-Content-Length`` value, None when the body is JSON only.
+        max_json_elements: the most tensor elements the request may carry as JSON ``data`` (all inputs together),
+            checked on the declared shapes before any conversion (None: no limit).
 
     Raises:
-        MalformedRequest, InvalidHeaderLength, BinarySizeMismatch, ShapeMismatch, DatatypeMismatch.
+        MalformedRequest, InvalidHeaderLength, BinarySizeMismatch, ShapeMismatch, DatatypeMismatch,
+        PayloadTooLarge (``max_json_elements``).
     """
     end = len(body) if json_length is None else json_length
     try:
@@ -114,9 +168,13 @@ def decode_request(body: bytes, json_length: int | None) -> InferRequest:
         raise MalformedRequest(f"request body: expected a JSON object, received invalid JSON: {exc}{hint}") from None
     if not isinstance(head, dict) or not isinstance(head.get("inputs"), list) or not head["inputs"]:
         raise MalformedRequest("request body: expected a JSON object with a non-empty 'inputs' list")
-    inputs, offset = [], end
+    _check_json_elements(head["inputs"], max_json_elements)
+    inputs, offset, names = [], end, set()
     for i, spec in enumerate(head["inputs"]):
         tensor, offset = _decode_input(spec, i, body, offset, json_length)
+        if tensor.name in names:
+            raise MalformedRequest(f"inputs[{i}]: expected each input name once, received '{tensor.name}' again")
+        names.add(tensor.name)
         inputs.append(tensor)
     if offset != len(body):
         raise BinarySizeMismatch(f"binary data: the inputs' binary_data_size values add up to {offset - end} bytes, "
@@ -130,6 +188,8 @@ def decode_request(body: bytes, json_length: int | None) -> InferRequest:
         for j, out in enumerate(head["outputs"]):
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
                 raise MalformedRequest(f"outputs[{j}]: expected an object with a string 'name'")
+            if out["name"] in outputs:
+                raise MalformedRequest(f"outputs[{j}]: expected each output name once, received '{out['name']}' again")
             binary = _object(out.get("parameters", {}), f"outputs[{j}].parameters").get("binary_data")
             outputs[out["name"]] = bool(params.get("binary_data_output", False) if binary is None else binary)
     request_id = head.get("id")
@@ -143,15 +203,34 @@ def _object(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def _check_json_elements(specs: list[Any], limit: int | None) -> None:
+    """Refuse JSON ``data`` whose declared shapes hold more than ``limit`` elements, before converting any."""
+    if limit is None:
+        return
+    total = 0
+    for spec in specs:
+        if isinstance(spec, dict) and "data" in spec and _valid_shape(spec.get("shape")):
+            total += math.prod(spec["shape"])
+    if total > limit:
+        raise PayloadTooLarge(f"JSON tensor data: expected at most {limit} elements in all (--max-json-elements; "
+                              f"send large tensors with the binary tensor extension), received {total}")
+
+
+def _valid_shape(shape: Any) -> bool:
+    return isinstance(shape, list) and len(shape) <= MAX_DIMS and \
+        all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+
+
 def _decode_input(spec: Any, i: int, body: bytes, offset: int, json_length: int | None) -> tuple[InputTensor, int]:
     """One input from its JSON spec (and the binary section at ``offset``); returns it and the new offset."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise MalformedRequest(f"inputs[{i}]: expected an object with a string 'name'")
     name, datatype, shape = spec["name"], spec.get("datatype"), spec.get("shape")
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:  # {} or [] are unhashable: check the type first
         raise DatatypeMismatch(f"input '{name}': datatype expected one of {list(DATATYPES)}, received {datatype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise ShapeMismatch(f"input '{name}': shape expected a list of non-negative integers, received {shape!r}")
+    if not _valid_shape(shape):
+        raise ShapeMismatch(f"input '{name}': shape expected a list of at most {MAX_DIMS} non-negative integers, "
+                            f"received {shape!r}")
     count = math.prod(shape)
     size = _object(spec.get("parameters", {}), f"input '{name}' parameters").get("binary_data_size")
     if size is not None:
@@ -183,6 +262,8 @@ def decode_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
     """Length-prefixed BYTES elements -> object array of ``bytes``."""
     items, pos = [], 0
     while pos < len(raw):
+        if len(items) == count:  # more elements than the shape holds: stop here, not at the end of the body
+            raise ShapeMismatch(f"input '{name}': shape expects {count} BYTES elements, received more")
         if pos + 4 > len(raw):
             raise BinarySizeMismatch(f"input '{name}': truncated BYTES length prefix at byte {pos}")
         (n,) = _LENGTH.unpack_from(raw, pos)

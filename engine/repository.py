@@ -6,24 +6,32 @@ Layout (the same folder is servable by NVIDIA Triton unchanged)::
     <repo>/<model>/<version>/model.onnx  numeric version folders
     <repo>/<model>/veil.json             optional manifest written by `veil export` (kind, validation report...)
 
+``config.pbtxt`` is checked against Triton's model-configuration schema (:func:`veil.engine.pbtxt.parse_model_config`):
+an unknown field, a wrong type or a non-repeated field given twice stops the load naming the field and the file.
 Fields honoured: ``name``, ``platform``/``backend``, ``max_batch_size``, ``input``/``output`` (``name``,
 ``data_type``, ``dims``), ``dynamic_batching`` (``max_queue_delay_microseconds``,
 ``default_queue_policy.max_queue_size``), ``instance_group`` (``count``, ``kind``), ``parameters``
 (``intra_op_thread_count``, ``inter_op_thread_count``), ``optimization.graph.level``, ``version_policy``
 and ``default_model_filename``. Inputs/outputs left out of a hand-written config are filled in from the
-ONNX graph when the model loads, as Triton's auto-complete does.
+ONNX graph when the model loads, as Triton's auto-complete does. Any other valid field set to a non-default
+value (``sequence_batching``, ``dynamic_batching.priority_levels``, ``preferred_batch_size``, ``timeout_action``...)
+is logged once per model as ignored. Model names are one path component (:func:`check_model_name`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelLoadFailed
-from .pbtxt import PbtxtError, parse
+from .errors import InvalidModelName, ModelLoadFailed
+from .pbtxt import parse_model_config
 from .protocol import datatype_to_triton, triton_to_datatype
+
+logger = logging.getLogger("veil.engine")
 
 
 @dataclass(frozen=True)
@@ -86,14 +94,14 @@ class ModelConfig:
     def to_triton_json(self) -> dict[str, Any]:
         """The JSON Triton returns from ``GET /v2/models/{m}/config`` (field names as in model_config.proto)."""
         def tensor(t: TensorConfig) -> dict[str, Any]:
-            return {"name": t.name, "data_type": datatype_to_triton(t.datatype), "format": "FORMAT_NONE",
-                    "dims": t.dims, "is_shape_tensor": False}
+            return {"name": t.name, "data_type": datatype_to_triton(t.datatype), "dims": t.dims, "is_shape_tensor": False}
 
         out: dict[str, Any] = {
             "name": self.name, "platform": self.backend if self.backend in CUSTOM_BACKENDS else "onnxruntime_onnx",
             "backend": self.backend,
             "version_policy": self.version_policy, "max_batch_size": self.max_batch_size,
-            "input": [tensor(t) for t in self.inputs], "output": [tensor(t) for t in self.outputs],
+            "input": [{**tensor(t), "format": "FORMAT_NONE"} for t in self.inputs],  # ModelOutput has no format
+            "output": [tensor(t) for t in self.outputs],
             "instance_group": [{"name": f"{self.name}_0", "kind": self.instance_kind, "count": self.instance_count,
                                 "gpus": []}],
             "default_model_filename": self.model_filename,
@@ -110,36 +118,81 @@ class ModelConfig:
         return out
 
 
-def _repeated(message: dict[str, Any], key: str) -> list[Any]:
-    value = message.get(key, [])
-    return value if isinstance(value, list) else [value]
+def check_model_name(name: str) -> str:
+    """``name`` if it is one path component that can be a model folder; refused otherwise.
+
+    Model names reach the file system (``<repo>/<name>``) through load/unload, so ``..``, separators, NUL and
+    control characters are refused, and so are ``%`` (a proxy that decodes twice could turn ``%2e%2e`` into
+    ``..``) and a leading ``.`` (the repository's own hidden folders: key store, temporary folders of writers).
+
+    Raises:
+        InvalidModelName (HTTP 400): naming the rule and the received name.
+    """
+    if not isinstance(name, str) or not name or name.startswith(".") or _BAD_NAME.search(name):
+        raise InvalidModelName(f"model name: expected one path component (no '/', '\\', '%', control characters, "
+                               f"not starting with '.'), received {name!r}")
+    return name
 
 
-def _int(message: dict[str, Any], key: str, default: int, where: str) -> int:
-    value = message.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}{key}: expected an integer, received {value!r}")
-    return value
+_BAD_NAME = re.compile(r"[/\\%\x00-\x1f\x7f]")
+# the config.pbtxt fields veil reads; any other field set to a non-default value is valid Triton but ignored
+# by veil, so it is logged once per model (``input.optional`` is honoured by veil_sampler models only)
+HONOURED = frozenset({
+    "name", "platform", "backend", "max_batch_size", "default_model_filename",
+    "input", "input.name", "input.data_type", "input.dims", "output", "output.name", "output.data_type", "output.dims",
+    "dynamic_batching", "dynamic_batching.max_queue_delay_microseconds", "dynamic_batching.default_queue_policy",
+    "dynamic_batching.default_queue_policy.max_queue_size",
+    "instance_group", "instance_group.name", "instance_group.count", "instance_group.kind",
+    "parameters", "parameters.key", "parameters.value", "parameters.value.string_value",
+    "optimization", "optimization.graph", "optimization.graph.level",
+    "version_policy", "version_policy.latest", "version_policy.latest.num_versions", "version_policy.all",
+    "version_policy.specific", "version_policy.specific.versions",
+})
+_WARNED: set[tuple[str, str]] = set()
 
 
-def _tensor(message: Any, where: str) -> TensorConfig:
-    if not isinstance(message, dict) or not isinstance(message.get("name"), str):
-        raise ValueError(f"{where}: expected a message with a string name, received {message!r}")
-    dims = _repeated(message, "dims")
+def unsupported_fields(raw: dict[str, Any], backend: str, prefix: str = "") -> list[str]:
+    """Paths of fields set (to a non-default value) that veil does not implement, in file order."""
+    found: list[str] = []
+    for key, value in raw.items():
+        path = prefix + key
+        honoured = path in HONOURED or (path == "input.optional" and backend == "veil_sampler")
+        items = value if isinstance(value, list) else [value]
+        if not honoured:
+            if any(_set(v) for v in items):
+                found.append(path)
+            continue
+        for item in items:
+            if isinstance(item, dict):
+                found += [p for p in unsupported_fields(item, backend, path + ".") if p not in found]
+    return found
+
+
+def _set(value: Any) -> bool:
+    """Whether a field holds something other than its proto3 default (messages count as set, even empty)."""
+    return isinstance(value, dict) or value not in (0, 0.0, False, "", "FORMAT_NONE", "REJECT", "PRIORITY_DEFAULT",
+                                                    "KIND_AUTO", "TYPE_INVALID")
+
+
+def _tensor(message: dict[str, Any], where: str) -> TensorConfig:
+    if not isinstance(message.get("name"), str) or not message["name"]:
+        raise ValueError(f"{where}.name: expected a non-empty string, received {message.get('name')!r}")
     if "reshape" in message:
         raise ValueError(f"{where} '{message['name']}': reshape is not supported by veil")
-    if not all(isinstance(d, int) and d >= -1 for d in dims):
+    dims = message.get("dims", [])
+    if not all(d >= -1 for d in dims):
         raise ValueError(f"{where} '{message['name']}': dims expected integers >= -1, received {dims}")
-    return TensorConfig(message["name"], triton_to_datatype(str(message.get("data_type", ""))), dims)
+    return TensorConfig(message["name"], triton_to_datatype(message.get("data_type", "")), dims)
 
 
 def parse_config(text: str, folder_name: str) -> ModelConfig:
-    """Read ``config.pbtxt`` text into a :class:`ModelConfig`.
+    """Read ``config.pbtxt`` text into a :class:`ModelConfig`, strictly (Triton's schema, see
+    :func:`veil.engine.pbtxt.parse_model_config`); valid fields veil does not implement are logged once.
 
     Raises:
-        ValueError: naming the field, the expected and the received value (PbtxtError on syntax errors).
+        ValueError: naming the field, the expected and the received value (PbtxtError on syntax and schema errors).
     """
-    raw = parse(text)
+    raw = parse_model_config(text)
     name = raw.get("name", folder_name)
     if name != folder_name:
         raise ValueError(f"name: expected the folder name {folder_name!r}, received {name!r}")
@@ -147,34 +200,62 @@ def parse_config(text: str, folder_name: str) -> ModelConfig:
     if platform not in (None, "onnxruntime_onnx") or backend not in (None, "onnxruntime", *CUSTOM_BACKENDS):
         raise ValueError(f"platform/backend: expected 'onnxruntime_onnx'/'onnxruntime' or a backend in "
                          f"{sorted(CUSTOM_BACKENDS)}, received {platform or backend!r}")
+    backend = backend or "onnxruntime"
+    if raw.get("max_batch_size", 0) < 0:
+        raise ValueError(f"max_batch_size: expected an integer >= 0 (0: no batch dim), received {raw['max_batch_size']}")
     default_file = CUSTOM_BACKENDS[backend].filename if backend in CUSTOM_BACKENDS else "model.onnx"
-    config = ModelConfig(name=name, max_batch_size=_int(raw, "max_batch_size", 0, ""),
-                         inputs=[_tensor(m, "input") for m in _repeated(raw, "input")],
-                         outputs=[_tensor(m, "output") for m in _repeated(raw, "output")],
-                         model_filename=str(raw.get("default_model_filename", default_file)),
-                         backend=str(backend or "onnxruntime"))
+    config = ModelConfig(name=name, max_batch_size=raw.get("max_batch_size", 0),
+                         inputs=[_tensor(m, f"input[{i}]") for i, m in enumerate(raw.get("input", []))],
+                         outputs=[_tensor(m, f"output[{i}]") for i, m in enumerate(raw.get("output", []))],
+                         model_filename=raw.get("default_model_filename") or default_file, backend=backend)
     if "dynamic_batching" in raw:
         block = raw["dynamic_batching"]
-        policy = block.get("default_queue_policy", {})
-        config.batching = BatchingConfig(_int(block, "max_queue_delay_microseconds", 0, "dynamic_batching."),
-                                         _int(policy, "max_queue_size", 0, "dynamic_batching.default_queue_policy."))
-    groups = _repeated(raw, "instance_group")
-    if groups:
-        config.instance_count = sum(_int(g, "count", 1, "instance_group.") for g in groups)
-        config.instance_kind = str(groups[0].get("kind", "KIND_AUTO"))
-        if config.instance_kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU"):
-            raise ValueError(f"instance_group.kind: expected KIND_AUTO, KIND_CPU or KIND_GPU, received {config.instance_kind!r}")
-    for p in _repeated(raw, "parameters"):
-        value = p.get("value", {})
-        config.parameters[str(p.get("key"))] = str(value.get("string_value", "") if isinstance(value, dict) else value)
+        config.batching = BatchingConfig(block.get("max_queue_delay_microseconds", 0),
+                                         block.get("default_queue_policy", {}).get("max_queue_size", 0))
+    _instance_groups(raw.get("instance_group", []), config)
+    for i, p in enumerate(raw.get("parameters", [])):
+        if "key" not in p:
+            raise ValueError(f"parameters[{i}].key: expected a string, received nothing")
+        config.parameters[p["key"]] = p.get("value", {}).get("string_value", "")
     level = raw.get("optimization", {}).get("graph", {}).get("level")
-    config.graph_level = None if level is None else int(level)
+    config.graph_level = level
     if "version_policy" in raw:
-        config.version_policy = raw["version_policy"]
-        if not isinstance(config.version_policy, dict) or len(config.version_policy) != 1 or \
-                next(iter(config.version_policy)) not in ("latest", "all", "specific"):
-            raise ValueError(f"version_policy: expected one of latest/all/specific, received {raw['version_policy']!r}")
+        config.version_policy = _version_policy(raw["version_policy"])
+    new = [p for p in unsupported_fields(raw, backend) if (name, p) not in _WARNED]
+    if new:
+        _WARNED.update((name, p) for p in new)
+        logger.warning("model '%s': config.pbtxt sets %s, valid in Triton but not implemented by veil: ignored",
+                       name, ", ".join(new))
     return config
+
+
+def _instance_groups(groups: list[dict[str, Any]], config: ModelConfig) -> None:
+    """``count`` summed over the groups (0 means 1, as in Triton); every group must have the same ``kind``."""
+    if not groups:
+        return
+    kinds = sorted({g.get("kind", "KIND_AUTO") for g in groups})
+    if len(kinds) > 1:
+        raise ValueError(f"instance_group.kind: expected one kind for every group (veil runs all instances of a "
+                         f"model on one execution provider), received {kinds}")
+    if kinds[0] not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU"):
+        raise ValueError(f"instance_group.kind: expected KIND_AUTO, KIND_CPU or KIND_GPU, received {kinds[0]!r}")
+    counts = [g.get("count", 0) or 1 for g in groups]
+    if min(counts) < 1:
+        raise ValueError(f"instance_group.count: expected integers >= 1, received {[g.get('count') for g in groups]}")
+    config.instance_count, config.instance_kind = sum(counts), kinds[0]
+
+
+def _version_policy(policy: dict[str, Any]) -> dict[str, Any]:
+    """A version policy with exactly one of latest/all/specific; ``latest.num_versions`` defaults to 1, never 0."""
+    if len(policy) != 1:
+        raise ValueError(f"version_policy: expected one of latest/all/specific, received {policy!r}")
+    kind, body = next(iter(policy.items()))
+    if kind == "latest" and body.get("num_versions", 1) < 1:
+        raise ValueError(f"version_policy.latest.num_versions: expected an integer >= 1, "
+                         f"received {body['num_versions']}")
+    if kind == "specific" and not body.get("versions"):
+        raise ValueError("version_policy.specific.versions: expected at least one version, received []")
+    return policy
 
 
 def select_versions(available: list[int], policy: dict[str, Any]) -> list[int]:
@@ -183,9 +264,13 @@ def select_versions(available: list[int], policy: dict[str, Any]) -> list[int]:
     if kind == "all":
         return sorted(available)
     if kind == "specific":
-        wanted = {int(v) for v in _repeated(body or {}, "versions")}
+        versions = body.get("versions", [])
+        wanted = set(versions if isinstance(versions, list) else [versions])
         return sorted(v for v in available if v in wanted)
-    return sorted(available)[-int((body or {}).get("num_versions", 1)):]
+    count = body.get("num_versions", 1)
+    if count < 1:  # sorted(...)[-0:] would be every version
+        raise ValueError(f"version_policy.latest.num_versions: expected an integer >= 1, received {count}")
+    return sorted(available)[-count:]
 
 
 @dataclass
@@ -204,17 +289,18 @@ def read_model(folder: Path) -> ModelSource:
     Raises:
         ModelLoadFailed: naming the file and the problem.
     """
+    check_model_name(folder.name)
     config_path, manifest_path = folder / "config.pbtxt", folder / "veil.json"
     try:
         config = parse_config(config_path.read_text(), folder.name) if config_path.exists() else ModelConfig(folder.name)
-    except (ValueError, PbtxtError) as exc:
-        raise ModelLoadFailed(f"model '{folder.name}': config.pbtxt: {exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # PbtxtError is a ValueError
+        raise ModelLoadFailed(f"model '{folder.name}': {config_path}: {exc}") from None
     try:
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
     except ValueError as exc:
         raise ModelLoadFailed(f"model '{folder.name}': veil.json: {exc}") from None
     available = {int(p.name): p / config.model_filename for p in folder.iterdir()
-                 if p.is_dir() and p.name.isdigit() and (p / config.model_filename).is_file()}
+                 if p.is_dir() and _is_version(p.name) and (p / config.model_filename).is_file()}
     chosen = select_versions(list(available), config.version_policy)
     if not chosen:
         raise ModelLoadFailed(f"model '{folder.name}': no version folder with {config.model_filename} matches "
@@ -223,6 +309,20 @@ def read_model(folder: Path) -> ModelSource:
 
 
 def index(repo: Path) -> list[str]:
-    """Names of the model folders in a repository (folders that hold a config.pbtxt or a version folder)."""
-    return sorted(p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")
-                  and ((p / "config.pbtxt").exists() or any(c.is_dir() and c.name.isdigit() for c in p.iterdir())))
+    """Names of the model folders in a repository (folders that hold a config.pbtxt or a version folder and
+    whose name is a valid model name: hidden and temporary folders are not models)."""
+    return sorted(p.name for p in repo.iterdir() if p.is_dir() and _valid_name(p.name)
+                  and ((p / "config.pbtxt").exists() or any(c.is_dir() and _is_version(c.name) for c in p.iterdir())))
+
+
+def _is_version(name: str) -> bool:
+    """A version folder name: ASCII digits only (``"²".isdigit()`` is True but ``int("²")`` fails)."""
+    return name.isascii() and name.isdigit()
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        check_model_name(name)
+    except InvalidModelName:
+        return False
+    return True

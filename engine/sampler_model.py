@@ -20,9 +20,11 @@ received value; the sampler runs in a worker thread, one request at a time per m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,22 @@ SETTINGS = ("num_samples", "seed", "steps", "langevin_steps", "nfe_budget", "ker
 PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one intra-op thread for the sampler's call, restored afterwards (the setting is process-wide).
+
+    The sampler's operations are small (a few thousand rows), so more threads only add synchronisation, and on a
+    busy machine each waits for a descheduled peer (measured: 1 000 draws 0.7 s on one thread, 62 s on two while
+    the other core was busy). Other torch-backed models keep their own thread count.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 class InvalidSamplerRequest(InferenceFailed):
     """A prior spec, sampling setting or observation the sampler refuses (HTTP 400)."""
 
@@ -87,10 +105,7 @@ class SamplerModel:
     def load(self, metrics: Metrics) -> None:
         """Load the artifact (sampler.json + the torch.export score program); then ready.
 
-        torch runs on one intra-op thread: the sampler's operations are small (a few thousand rows), so more
-        threads only add synchronisation, and on a busy machine each waits for a descheduled peer (measured: 1 000
-        draws 0.7 s on one thread, 62 s on two while the other core was busy)."""
-        torch.set_num_threads(1)
+        torch's thread count is left as it is: the sampler sets it for its own calls only (:func:`_one_thread`)."""
         try:
             self.artifact: SamplerArtifact = load_artifact(self.path)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
@@ -158,7 +173,7 @@ class SamplerModel:
 
     def _sample(self, feeds: dict[str, Any]) -> Samples:
         settings: SamplerSettings = feeds["settings"]
-        with self._lock:
+        with self._lock, _one_thread():
             try:
                 out = self.artifact.posterior.sample(x=torch.from_numpy(feeds[X]), prior=feeds[PRIOR],
                                                      settings=settings)

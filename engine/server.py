@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,9 @@ class ServerConfig(Config):
         host (str): address to bind; keep 127.0.0.1 unless a proxy or firewall fronts the server.
         port (int): TCP port.
         admin_token (str | None): enables the repository API (load/unload/index) behind this bearer token.
-        max_body_mb (float): largest request body accepted (413 beyond it).
+        max_body_mb (float): largest request body accepted (413 beyond it), also once decompressed.
+        max_json_elements (int): most tensor elements a request may send as JSON data (413 beyond it).
+        body_timeout_s (float): how long a client may take to send a request body (408 beyond it).
         log_level (str): uvicorn and veil log level.
         device (str): default execution provider for models whose instance_group kind is KIND_AUTO.
         intra_op_threads (int): ORT intra-op threads per session; 0 = physical cores.
@@ -54,6 +57,9 @@ class ServerConfig(Config):
     admin_token: str | None = field(None, "enable the repository API behind 'Authorization: Bearer TOKEN' "
                                           "(or set VEIL_ADMIN_TOKEN); off when unset")
     max_body_mb: float = field(64.0, "largest request body in MiB; larger bodies get 413")
+    max_json_elements: int = field(4_194_304, "most tensor elements one inference request may send as JSON data "
+                                              "(all inputs together; 413 beyond; binary tensors are not counted)")
+    body_timeout_s: float = field(60.0, "seconds a client may take to send a request body (408 beyond)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = field("info", "log level")
     device: Literal["auto", "cpu", "cuda"] = field(
         "auto", "execution provider for models whose instance_group kind is KIND_AUTO (auto: CUDA when available)")
@@ -74,6 +80,9 @@ class ServerConfig(Config):
             raise ConfigError("ServerConfig.repo: expected a model repository folder (--repo DIR), received ''")
         if self.max_body_mb <= 0:
             raise ConfigError(f"ServerConfig.max_body_mb: expected > 0, received {self.max_body_mb}")
+        if self.max_json_elements < 1 or self.body_timeout_s <= 0:
+            raise ConfigError(f"ServerConfig: expected max_json_elements >= 1 and body_timeout_s > 0, received "
+                              f"{self.max_json_elements} and {self.body_timeout_s}")
         if self.he_key_cache < 0 or self.he_keys_per_source < 1:
             raise ConfigError(f"ServerConfig: expected he_key_cache >= 0 and he_keys_per_source >= 1, received "
                               f"{self.he_key_cache} and {self.he_keys_per_source}")
@@ -116,29 +125,34 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.state.dataplane, app.state.metrics = plane, metrics
     app.state.admin_token = config.admin_token
     app.state.max_body_bytes = int(config.max_body_mb * 2**20)
+    app.state.max_json_elements, app.state.body_timeout_s = config.max_json_elements, config.body_timeout_s
     add_routes(app)
     add_exception_handlers(app)
     return app
 
 
+GET = ["GET", "HEAD"]
+
+
 def add_routes(app: FastAPI) -> None:
-    """Every OIP v2 / Triton route; each model route also exists under ``/versions/{version}``."""
-    app.add_api_route("/v2", http.server_metadata, methods=["GET"])
-    app.add_api_route("/v2/health/live", http.live, methods=["GET"])
-    app.add_api_route("/v2/health/ready", http.ready, methods=["GET"])
-    app.add_api_route("/v2/models/stats", http.model_stats, methods=["GET"])
+    """Every OIP v2 / Triton route; each model route also exists under ``/versions/{version}``; HEAD is answered
+    wherever GET is (load balancers and uptime probes use it)."""
+    app.add_api_route("/v2", http.server_metadata, methods=GET)
+    app.add_api_route("/v2/health/live", http.live, methods=GET)
+    app.add_api_route("/v2/health/ready", http.ready, methods=GET)
+    app.add_api_route("/v2/models/stats", http.model_stats, methods=GET)
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        app.add_api_route(base, http.model_metadata, methods=["GET"])
-        app.add_api_route(base + "/ready", http.model_ready, methods=["GET"])
+        app.add_api_route(base, http.model_metadata, methods=GET)
+        app.add_api_route(base + "/ready", http.model_ready, methods=GET)
         app.add_api_route(base + "/infer", http.infer, methods=["POST"])
-        app.add_api_route(base + "/config", http.model_config, methods=["GET"])
-        app.add_api_route(base + "/stats", http.model_stats, methods=["GET"])
+        app.add_api_route(base + "/config", http.model_config, methods=GET)
+        app.add_api_route(base + "/stats", http.model_stats, methods=GET)
     app.add_api_route("/v2/he/keys", http.register_he_keys, methods=["POST"])
     app.add_api_route("/v2/he/keys/{key_id}", http.delete_he_keys, methods=["DELETE"])
     app.add_api_route("/v2/repository/index", http.repository_index, methods=["POST"])
     app.add_api_route("/v2/repository/models/{model}/load", http.repository_load, methods=["POST"])
     app.add_api_route("/v2/repository/models/{model}/unload", http.repository_unload, methods=["POST"])
-    app.add_api_route("/metrics", http.metrics, methods=["GET"])
+    app.add_api_route("/metrics", http.metrics, methods=GET)
 
 
 def build_server(config: ServerConfig) -> uvicorn.Server:
@@ -148,6 +162,40 @@ def build_server(config: ServerConfig) -> uvicorn.Server:
                                          timeout_graceful_shutdown=int(config.graceful_timeout_s)))
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready socket bound to ``host:port`` (as uvicorn binds it).
+
+    Raises:
+        ServeError: the address is taken or cannot be bound, in one line naming it.
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ServeError(f"veil serve: cannot bind {host}:{port}: {exc.strerror or exc}") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"veil serve: cannot bind {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class ServeError(RuntimeError):
+    """The server cannot start (its address is taken); the message is one line for the terminal."""
+
+
 def serve(config: ServerConfig) -> None:
-    """Serve until SIGINT/SIGTERM; in-flight requests finish first."""
-    build_server(config).run()
+    """Bind first (a busy port fails at once, before any model loads), then load, then serve until
+    SIGINT/SIGTERM; in-flight requests finish first.
+
+    Raises:
+        ServeError: the port is busy or the host cannot be bound.
+    """
+    sock = bind(config.host, config.port)
+    try:
+        build_server(config).run(sockets=[sock])
+    finally:
+        sock.close()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import numpy as np
+import pytest
+from veil.engine import errors
 from veil.engine.batcher import Scheduler
 from veil.engine.metrics import Metrics
 from veil.engine.repository import BatchingConfig
@@ -54,3 +57,45 @@ def test_without_batching_every_request_runs_alone() -> None:
     scheduler, runs = make(max_batch_size=8, delay_us=0, batching=False)
     submit_all(scheduler, [np.ones((2, 2), np.float32) for _ in range(4)])
     assert runs == [(2, 2)] * 4
+
+
+# -- issue 19 item 8: a failed run is the client's fault (4xx) or the server's (500, logged once) ------------
+def _failing(exc: BaseException) -> Scheduler:
+    def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        raise exc
+
+    metrics = Metrics().for_model("m", "1", "CPUExecutionProvider", "CPUExecutionProvider")
+    return Scheduler(run, ["y"], 8, BatchingConfig(max_queue_delay_us=50_000), 1, metrics)
+
+
+def _errors(scheduler: Scheduler, n: int) -> list[BaseException]:
+    async def go() -> list[BaseException]:
+        results = await asyncio.gather(*(scheduler.submit({"x": np.ones((1, 2), np.float32)}, 1) for _ in range(n)),
+                                       return_exceptions=True)
+        await scheduler.drain()
+        return list(results)
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("bug"), MemoryError(), KeyError("x")])
+def test_server_fault_in_a_run_is_500_logged_once(exc: BaseException, caplog) -> None:
+    caplog.set_level(logging.ERROR, logger="veil.engine")
+    results = _errors(_failing(exc), 3)
+    assert all(isinstance(r, errors.InternalError) and r.status_code == 500 for r in results)
+    records = [r for r in caplog.records if r.exc_info]
+    assert len(records) == 1 and "3 request(s)" in records[0].getMessage()  # one batch, one log line
+
+
+def test_onnxruntime_refusal_in_a_run_is_400_not_logged(caplog) -> None:
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+    caplog.set_level(logging.ERROR, logger="veil.engine")
+    results = _errors(_failing(InvalidArgument("Got invalid dimensions for input: x")), 2)
+    assert all(isinstance(r, errors.InferenceFailed) and r.status_code == 400 for r in results)
+    assert "invalid dimensions" in str(results[0]) and not caplog.records
+
+
+def test_engine_error_in_a_run_keeps_its_status() -> None:
+    results = _errors(_failing(errors.DatatypeMismatch("input 'x': BYTES must be UTF-8")), 1)
+    assert isinstance(results[0], errors.DatatypeMismatch)

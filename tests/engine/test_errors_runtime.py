@@ -83,3 +83,41 @@ def test_unexpected_error_is_500_without_details(repo, oip, monkeypatch) -> None
         r = client.post("/v2/models/affine/infer", json=BODY)
         assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError"}
         assert client.get("/v2/health/live").status_code == 200
+
+
+def test_unexpected_error_is_answered_and_logged_once_not_reraised(repo, oip, monkeypatch, caplog) -> None:
+    """Issue 19 items 4/8: Starlette's Exception handler answers 500 and then re-raises, so the server logged a
+    second traceback per bug. Now the exception ends at the catch-all: one log record, nothing re-raised."""
+    import logging
+
+    app = create_app(oip.make_config(repo))
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("secret payload detail")
+
+    monkeypatch.setattr(app.state.dataplane, "infer", broken)
+    caplog.set_level(logging.ERROR)
+
+    async def scenario() -> httpx.Response:
+        # raise_app_exceptions=True (the default): an exception that escapes the app fails the call
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.post("/v2/models/affine/infer", json=BODY)
+
+    r = asyncio.run(scenario())
+    assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError"}
+    logged = [rec for rec in caplog.records if rec.exc_info]
+    assert len(logged) == 1 and "secret payload detail" not in logged[0].getMessage()
+
+
+def test_failed_requests_are_counted_whatever_the_error(repo, oip, monkeypatch) -> None:
+    """A server fault during inference counts in nv_inference_request_failure, as a client error does."""
+    app = create_app(oip.make_config(repo))
+    model = app.state.dataplane.get_model("affine")
+
+    def broken(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(model, "check_inputs", broken)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.post("/v2/models/affine/infer", json=BODY).status_code == 500
+        assert model.metrics.stats.fail.count == 1

@@ -185,6 +185,20 @@ BAD_REQUESTS = {
     "unknown_model": (404, errors.ModelNotFound, dict(url="/v2/models/nope/infer", json={"inputs": [_x()]})),
     "unknown_version": (404, errors.ModelNotFound, dict(url="/v2/models/affine/versions/1/infer", json={"inputs": [_x()]})),
     "too_large": (413, errors.PayloadTooLarge, dict(json={"inputs": [_x((8, 4), data=[1e-9] * 32)], "pad": "x" * 2**20})),
+    # issue 19 item 8: these were 500s
+    "unicode_digit_header": (400, errors.InvalidHeaderLength, dict(
+        content=b"{}", headers={"Inference-Header-Content-Length": "\u00b2".encode("latin-1")})),
+    "datatype_object": (400, errors.DatatypeMismatch, dict(json={"inputs": [{**_x(), "datatype": {}}]})),
+    "datatype_list": (400, errors.DatatypeMismatch, dict(json={"inputs": [{**_x(), "datatype": []}]})),
+    "too_many_dims_json": (400, errors.ShapeMismatch, dict(json={"inputs": [_x((1,) * 65, data=[0.0])]})),
+    # issue 19 item 11: the last duplicate used to win
+    "duplicate_input": (400, errors.MalformedRequest, dict(json={"inputs": [_x(), _x()]})),
+    "duplicate_output": (400, errors.MalformedRequest, dict(json={"inputs": [_x()],
+                                                                  "outputs": [{"name": "y"}, {"name": "y"}]})),
+    # issue 19 item 12: compressed bodies
+    "unknown_encoding": (415, errors.UnsupportedEncoding, dict(content=b"{}", headers={"Content-Encoding": "br"})),
+    "broken_gzip": (400, errors.MalformedRequest, dict(content=b"\x1f\x8bnot gzip",
+                                                       headers={"Content-Encoding": "gzip"})),
 }
 
 
@@ -259,3 +273,165 @@ def test_load_failure_is_400_and_keeps_old_versions(client, repo, oip, tmp_path)
         assert client.get("/v2/models/batched/ready").status_code == 200  # the loaded version keeps serving
     finally:
         config.write_text(original)
+
+
+# -- issue 19: hardening ------------------------------------------------------------------------------------------
+def test_binary_input_with_65_dims_is_400(client, oip) -> None:
+    """Item 8: numpy refuses > 64 dims with a ValueError, which was a 500."""
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * 65,
+                                   "parameters": {"binary_data_size": 4}}]}).encode()
+    r = client.post("/v2/models/affine/infer", content=head + b"\0" * 4,
+                    headers={"Inference-Header-Content-Length": str(len(head))})
+    assert r.status_code == 400 and "at most 32" in r.json()["error"]
+
+
+def test_json_tensors_bounded_by_element_count(repo, oip) -> None:
+    """Item 9: JSON data beyond --max-json-elements is refused (413) before any conversion; binary is not counted."""
+    from fastapi.testclient import TestClient
+    from veil.engine.server import create_app
+
+    with TestClient(create_app(oip.make_config(repo, max_json_elements=4))) as small:
+        r = small.post("/v2/models/affine/infer", json={"inputs": [_x((2, 4))]})
+        assert r.status_code == 413 and "--max-json-elements" in r.json()["error"] and "8" in r.json()["error"]
+        assert small.post("/v2/models/affine/infer", json={"inputs": [_x((1, 4))]}).status_code == 200
+        body, headers = oip.binary_body([("x", "FP32", X)])
+        assert small.post("/v2/models/affine/infer", content=body, headers=headers).status_code == 200
+
+
+def test_large_body_is_decoded_off_the_event_loop(repo, oip) -> None:
+    """Item 9: while one large JSON body is being decoded, a health probe is answered (decode blocked on an
+    event that only the probe's answer sets: on the event loop, the probe could never be answered first)."""
+    import asyncio
+    import threading
+
+    import httpx
+    from veil.engine import http
+    from veil.engine.server import create_app
+
+    app = create_app(oip.make_config(repo))
+    entered, release, released = threading.Event(), threading.Event(), []
+    real = http.decode_request
+
+    def slow_decode(*args, **kwargs):
+        entered.set()
+        released.append(release.wait(timeout=10))
+        return real(*args, **kwargs)
+
+    async def scenario() -> tuple[int, int]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            body = {"inputs": [_x((8, 4))], "pad": "x" * (http.INLINE_BYTES + 1)}
+            big = asyncio.create_task(client.post("/v2/models/affine/infer", json=body))
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+            probe = await client.get("/v2/health/live")
+            release.set()
+            return probe.status_code, (await big).status_code
+
+    http.decode_request = slow_decode
+    try:
+        assert asyncio.run(scenario()) == (200, 200)
+    finally:
+        http.decode_request = real
+    assert released == [True]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw-deflate"])
+def test_compressed_request_bodies(client, oip, encoding: str) -> None:
+    """Item 12: tritonclient's request_compression_algorithm (gzip/deflate); the header length counts the
+    decompressed JSON."""
+    import zlib
+
+    body, headers = oip.binary_body([("x", "FP32", X)], binary_data_output=True)
+    wbits = {"gzip": 31, "deflate": 15, "raw-deflate": -15}[encoding]
+    packer = zlib.compressobj(wbits=wbits)
+    packed = packer.compress(body) + packer.flush()
+    r = client.post("/v2/models/affine/infer", content=packed,
+                    headers={**headers, "Content-Encoding": encoding.removeprefix("raw-")})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(oip.decode(r)["y"], expected_y(X), rtol=1e-5)
+
+
+def test_decompression_is_bounded(client) -> None:
+    """Item 12: a small gzip body that inflates past --max-body-mb (1 MiB here) stops at the limit: 413."""
+    import gzip
+
+    bomb = gzip.compress(b'{"inputs": [], "pad": "' + b"x" * (4 * 2**20) + b'"}')
+    assert len(bomb) < 2**20
+    r = client.post("/v2/models/affine/infer", content=bomb, headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 413 and "decompressed" in r.json()["error"]
+    truncated = gzip.compress(json.dumps({"inputs": [_x()]}).encode())[:-8]
+    r = client.post("/v2/models/affine/infer", content=truncated, headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 400 and "truncated" in r.json()["error"]
+
+
+def test_metrics_use_triton_counter_names(client) -> None:
+    """Item 12: Triton's exact names (no _total, no _created), typed counter."""
+    client.post("/v2/models/affine/infer", json={"inputs": [_x()]})
+    text = client.get("/metrics").text
+    for name in ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+                 "nv_inference_exec_count", "nv_inference_request_duration_us", "nv_inference_queue_duration_us"):
+        assert f"# TYPE {name} counter\n" in text
+        assert f'{name}{{model="affine",version="2"}} ' in text
+    triton = [line for line in text.splitlines() if line.startswith("nv_")]
+    assert triton and not [line for line in triton if "_total" in line or "_created" in line]
+
+
+def test_config_outputs_have_no_format_field(client) -> None:
+    """Item 12: Triton's ModelOutput has no 'format' (ModelInput has)."""
+    config = client.get("/v2/models/affine/config").json()
+    assert "format" in config["input"][0] and all("format" not in o for o in config["output"])
+
+
+@pytest.mark.parametrize("path", ["/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/affine",
+                                  "/v2/models/affine/ready", "/v2/models/affine/config", "/v2/models/stats",
+                                  "/metrics"])
+def test_head_is_answered_where_get_is(client, path: str) -> None:
+    """Item 11: HEAD was 405."""
+    r = client.head(path)
+    assert r.status_code == 200 and r.content == b""
+
+
+def test_model_named_stats_is_reachable(tmp_path, oip) -> None:
+    """Item 11: /v2/models/stats was always the all-models statistics; a model named "stats" wins it."""
+    from fastapi.testclient import TestClient
+    from veil.engine.server import create_app
+    from veil.engine.toy import affine_model, write_repository
+
+    write_repository(tmp_path, {"stats": affine_model(), "other": affine_model()}, max_batch_size=4)
+    with TestClient(create_app(oip.make_config(tmp_path))) as c:
+        meta = c.get("/v2/models/stats")
+        assert meta.status_code == 200 and meta.json()["name"] == "stats" and meta.json()["inputs"]
+        assert c.get("/v2/models/stats/versions/1").json()["name"] == "stats"
+        assert c.get("/v2/models/stats/ready").status_code == 200
+        assert c.post("/v2/models/stats/infer", json={"inputs": [_x((1, 4))]}).status_code == 200
+        assert c.get("/v2/models/stats/stats").json()["model_stats"][0]["name"] == "stats"
+        assert c.get("/v2/models/other/stats").json()["model_stats"][0]["name"] == "other"
+
+
+@pytest.mark.parametrize("name", ["%2e%2e", "%2E%2E", "%2e", ".he-keys", "a%5Cb", "a%00b", "%252e%252e"])
+def test_path_traversal_in_model_names_is_refused(tmp_path, oip, name: str) -> None:
+    """Item 7: with the admin token, POST /v2/repository/models/../load served a model from the repository's
+    parent folder; every route that takes a model name refuses what is not one path component."""
+    from fastapi.testclient import TestClient
+    from veil.engine.server import create_app
+    from veil.engine.toy import affine_model, write_repository
+
+    repo = tmp_path / "repo"
+    write_repository(repo, {"inside": affine_model()})
+    (tmp_path / "1").mkdir()  # the repository's parent is itself a servable model folder
+    write_repository(tmp_path / "outside", {"x": affine_model()})
+    (tmp_path / "x" / "1").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "1" / "model.onnx").write_bytes((tmp_path / "outside" / "x" / "1" / "model.onnx").read_bytes())
+    (repo / ".he-keys" / "1").mkdir(parents=True)
+    (repo / ".he-keys" / "1" / "model.onnx").write_bytes((tmp_path / "1" / "model.onnx").read_bytes())
+    auth = {"Authorization": f"Bearer {oip.token}"}
+    with TestClient(create_app(oip.make_config(repo, admin_token=oip.token))) as c:
+        r = c.post(f"/v2/repository/models/{name}/load", headers=auth)
+        assert r.status_code in (400, 404), r.text
+        assert r.status_code == 404 or "one path component" in r.json()["error"]
+        assert list(c.app.state.dataplane.models) == ["inside"]
+        assert c.post(f"/v2/repository/models/{name}/unload", headers=auth).status_code in (400, 404)
+        for path in (f"/v2/models/{name}", f"/v2/models/{name}/ready", f"/v2/models/{name}/config"):
+            assert c.get(path).status_code in (400, 404)
+        assert c.post(f"/v2/models/{name}/infer", json={"inputs": [_x()]}).status_code in (400, 404)
+        assert all(row["name"] == "inside" for row in c.post("/v2/repository/index", headers=auth).json())
