@@ -1,14 +1,17 @@
 """ONNX graph (as ``veil.export`` writes it) -> HE :class:`~veil.he.plan.Plan`.
 
 Every node with one ciphertext-dependent input and constant other inputs, from an allow-list of affine
-ops (Gemm, MatMul, Conv, AveragePool, Flatten, Reshape, ...), is turned into its dense per-sample matrix
+ops (Gemm, MatMul, Conv, AveragePool, Flatten, Reshape, ...), is turned into its per-sample matrix
 by running it with ``onnx.reference`` on the identity basis (and checked to be affine on a random input),
 then folded into the pending affine map (see :mod:`veil.he.lowering`). ``veil.PolyNorm`` and
 ``veil.PolyAct`` are lowered to plan ops; anything else is refused with the node's name and a hint.
+Latency plans are then laid out in slots (:mod:`veil.he.layout`): each linear op becomes masked
+rotations over the non-zero entries only, so a convolution costs about k^2 + C rotations, not a dense
+layer's, and several images share a ciphertext.
 
 Example:
-    >>> plan = compile("model.onnx", mode="latency")
-    >>> plan.levels, plan.galois_steps[:4]
+    >>> plan = compile("model.onnx", mode="latency", rotation_keys="pow2")
+    >>> plan.levels, plan.galois_steps[:4], plan.spec["rotations"]
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from veil.he.errors import HEError, ParameterError
+from veil.he.layout import pack_latency
 from veil.he.lowering import Affine, Builder
-from veil.he.packing import galois_steps, latency_period
+from veil.he.packing import key_manifest, parse_key_mode, rotation_counts, rotation_uses
 from veil.he.plan import FORMAT, Mode, Plan
 
 
@@ -44,14 +48,19 @@ HINTS = {
 }
 
 
-def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", precision_bits: int = 20) -> Plan:
+def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", precision_bits: int = 20,
+            rotation_keys: str = "exact") -> Plan:
     """Compile a polynomial ONNX model into an HE plan for ``mode`` ("latency" or "throughput").
 
     Args:
         onnx_model: the exported model, or a path to it; one input (B, *shape) and one output (B, *shape).
-        mode: "latency" (one sample per ciphertext, BSGS diagonal products) or "throughput" (one
-            ciphertext per feature, up to N/2 samples per call, no rotations).
+        mode: "latency" (each image in its own block of slots, ``plan.spec["batch_capacity"]`` images per
+            ciphertext, masked-diagonal BSGS products) or "throughput" (one ciphertext per feature, up to
+            N/2 samples per call, no rotations).
         precision_bits: fractional bits wanted after a multiply; passed to ``select_parameters``.
+        rotation_keys: the key manifest of a latency plan: "exact" (one Galois key per rotation step: the
+            fastest), "pow2" (signed powers of two only, each rotation in non-adjacent form: the fewest
+            keys) or "budget:K" (exact keys for the K most used steps, powers of two for the rest).
 
     Raises:
         CompileError: an op that is not polynomial or not supported, named with a hint.
@@ -59,6 +68,10 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
     """
     if mode not in ("latency", "throughput"):
         raise CompileError(f"compile: `mode` expected 'latency' or 'throughput', received {mode!r}")
+    try:
+        parse_key_mode(rotation_keys)
+    except ValueError as exc:
+        raise CompileError(f"compile: {exc}") from None
     model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
     graph = model.graph
     if len(graph.input) != 1 or len(graph.output) != 1:
@@ -69,9 +82,9 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
     if not shape or min(shape) < 1:
         raise CompileError(f"compile: input {source.name!r} expected static per-sample dims (B, ...), "
                            f"received {[d.dim_param or d.dim_value for d in source.type.tensor_type.shape.dim]}")
-    builder = Builder()
+    builder = Builder(latency=mode == "latency")
     features = int(np.prod(shape))
-    tensors: dict[str, Any] = {source.name: Affine({builder.input(features): np.eye(features)},
+    tensors: dict[str, Any] = {source.name: Affine({builder.input(features, shape): np.eye(features)},
                                                    np.zeros(features), shape)}
     consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     opsets = list(model.opset_import)
@@ -81,30 +94,44 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
     if not isinstance(result, Affine):
         raise CompileError(f"compile: output {graph.output[0].name!r} does not depend on the input")
     out = builder.linear(result, "output")
-    return _finish(model, builder, source.name, shape, graph.output[0].name, result, out, mode, precision_bits)
+    digest = hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    return finish(builder, {"name": source.name, "value": "v0", "shape": list(shape)},
+                  {"name": graph.output[0].name, "value": out, "shape": list(result.shape)}, mode,
+                  precision_bits, rotation_keys, digest)
 
 
-def _finish(model: onnx.ModelProto, builder: Builder, in_name: str, in_shape: tuple[int, ...], out_name: str,
-            result: Affine, out: str, mode: Mode, precision_bits: int) -> Plan:
+def finish(builder: Builder, source: dict[str, Any], target: dict[str, Any], mode: Mode, precision_bits: int = 20,
+           rotation_keys: str = "exact", onnx_sha256: str = "") -> Plan:
+    """The plan of a lowered program: layout (latency), parameters, key manifest and rotation counts.
+
+    ``source`` / ``target``: {name, value, shape} of the plan's input and output.
+    """
     from veil.he.params import select_parameters
 
     levels = max(v["level"] for v in builder.values.values())
-    period = latency_period(builder) if mode == "latency" else 0
+    packed = pack_latency(builder, source["value"]) if mode == "latency" else \
+        {"ops": builder.ops, "values": builder.values, "tensors": builder.tensors, "period": 0, "window": 0}
     try:
-        params = select_parameters(levels, precision_bits=precision_bits, min_slots=period)
+        params = select_parameters(levels, precision_bits=precision_bits, min_slots=packed["period"])
     except ParameterError as exc:
         raise ParameterError(f"compile: the plan needs {levels} levels ({_level_summary(builder)}); "
                              f"no 128-bit parameter set offers them: {exc}") from exc
+    values = packed["values"]
+    ends = [{**end, "features": values[end["value"]]["features"],
+             **({"positions": values[end["value"]].get("positions", [0])} if mode == "latency" else {})}
+            for end in (source, target)]
     spec = {
-        "format": FORMAT, "mode": mode, "levels": levels, "period": period, "precision_bits": precision_bits,
-        "inputs": [{"name": in_name, "value": "v0", "shape": list(in_shape), "features": int(np.prod(in_shape))}],
-        "outputs": [{"name": out_name, "value": out, "shape": list(result.shape), "features": result.features}],
-        "values": builder.values, "ops": builder.ops, "parameters": params.to_dict(),
-        "onnx_sha256": hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest(),
+        "format": FORMAT, "mode": mode, "levels": levels, "period": packed["period"], "window": packed["window"],
+        "batch_capacity": params.slots // packed["period"] if mode == "latency" else params.slots,
+        "precision_bits": precision_bits, "inputs": [ends[0]], "outputs": [ends[1]], "values": values,
+        "ops": packed["ops"], "parameters": params.to_dict(), "onnx_sha256": onnx_sha256,
+        "rotation_keys": rotation_keys if mode == "latency" else "none",
     }
-    plan = Plan(spec, builder.tensors)
-    spec["galois_steps"] = galois_steps(plan) if mode == "latency" else []
-    return plan
+    steps = key_manifest(rotation_uses(packed["ops"]), rotation_keys, params.slots) if mode == "latency" else []
+    spec["galois_steps"] = steps
+    spec["rotations"] = rotation_counts(packed["ops"], steps, params.slots) if mode == "latency" else \
+        {"rotations": 0, "key_switches": 0}
+    return Plan(spec, packed["tensors"])
 
 
 def _level_summary(builder: Builder) -> str:

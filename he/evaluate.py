@@ -1,6 +1,9 @@
 """Server side: run a :class:`~veil.he.plan.Plan` on ciphertexts with SEAL (``tenseal.sealapi``).
 
-Every weight plaintext is encoded once, at construction, at the level where it is used. Scales are kept
+Every weight plaintext is encoded once, at construction, at the level where it is used: in latency mode
+the masks of every linear op, pre-rotated by their giant step, tiled over the image blocks. Rotations go
+through the plan's key manifest (:func:`veil.he.packing.decompose`: one key switch per step that has its
+own key, the power-of-two form otherwise), so the evaluator uses exactly ``plan.galois_steps``. Scales are kept
 exact: a weight used at level l is encoded at scale q_l (the prime the next rescale drops), so a product
 with a ciphertext at scale Delta rescales back to exactly Delta; after a ct x ct product the scale
 (Delta^2 / q_l, within about 1e-7 relative of Delta at 40-bit primes) is reset to Delta.
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 import tenseal.sealapi as sa
 from veil.he.errors import MismatchError
-from veil.he.packing import baby_size, diagonals, tile
+from veil.he.packing import decompose, residue, sum_steps, tile
 from veil.he.plan import Plan
 
 Ct = sa.Ciphertext
@@ -85,6 +88,7 @@ class PlanEvaluator:
         self.period = int(plan.spec["period"])
         if plan.mode == "latency" and (self.period > self.chain.slots or self.chain.slots % self.period):
             raise MismatchError(f"PlanEvaluator: latency period {self.period} does not divide {self.chain.slots} slots")
+        self.keys = set(plan.galois_steps)
         self.encoded = [self._prepare(op) for op in plan.ops]
 
     # -- construction ----------------------------------------------------------------------------------
@@ -94,7 +98,7 @@ class PlanEvaluator:
         if op["op"] == "add_const":
             const = self.plan.tensors[op["const"]]
             if latency:
-                return chain.encode(tile(const, self.period, chain.slots), level, chain.scale)
+                return chain.encode(tile(const, chain.slots), level, chain.scale)
             return [chain.encode(float(c), level, chain.scale) for c in const]
         if op["op"] != "linear":
             return None
@@ -102,18 +106,21 @@ class PlanEvaluator:
         biases = [self.plan.tensors[b] for b in op["biases"]]
         if not latency:  # scalar weights are encoded at run time (N * L words each; see docs/he.md)
             return [[chain.encode(float(c), level - 1, chain.scale * q) for c in bias] for bias in biases]
-        b = baby_size(self.period)
+        modulus, signed = op["split"]["modulus"], op["split"]["signed"]
         outputs = []
-        for row, bias in zip(op["weights"], biases, strict=True):
+        for diagonals, broadcast, bias in zip(op["diagonals"], op["broadcast"], biases, strict=True):
             terms = []  # (input index, baby step, giant step, plaintext)
-            for k, name in enumerate(row):
-                for i, diag in diagonals(self.plan.tensors[name], self.period).items():
-                    g = (i // b) * b
-                    terms.append((k, i % b, g, chain.encode(tile(np.roll(diag, g), self.period, chain.slots),
-                                                            level - 1, q)))
-            if not terms:
-                raise MismatchError(f"PlanEvaluator: op at node {op['node']!r} has an output with no weights")
-            outputs.append((terms, chain.encode(tile(bias, self.period, chain.slots), level - 1, chain.scale * q)))
+            for k, part in enumerate(diagonals or []):
+                if part is None:
+                    continue
+                masks, offsets = self.plan.tensors[part["masks"]], np.asarray(part["offsets"], dtype=np.int64)
+                babies = residue(offsets, modulus, signed)
+                for mask, b, delta in zip(masks, babies, offsets, strict=True):
+                    g = int(delta - b)
+                    terms.append((k, int(b), g, chain.encode(tile(np.roll(mask, g), chain.slots), level - 1, q)))
+            sums = [(k, chain.encode(tile(self.plan.tensors[t], chain.slots), level - 1, q))
+                    for k, t in enumerate(broadcast or []) if t is not None]
+            outputs.append((terms, sums, chain.encode(tile(bias, chain.slots), level - 1, chain.scale * q)))
         return outputs
 
     # -- run ---------------------------------------------------------------------------------------------
@@ -150,7 +157,7 @@ class PlanEvaluator:
         chain, ev, level = self.chain, self.chain.evaluator, op["level"]
         kind = op["op"]
         if kind == "linear":
-            return _bsgs(chain, [chain.at(x, level - 1) for x in xs], encoded, keys.galois)
+            return self._bsgs([chain.at(x, level - 1) for x in xs], encoded, op["window"], keys.galois)
         if kind == "mul":
             a, b = (chain.at(x, level - 1) for x in xs)
             return [chain.product(a, a if xs[0] is xs[1] else b, keys.relin)]
@@ -162,14 +169,56 @@ class PlanEvaluator:
             out = Ct()
             ev.add_plain(chain.at(xs[0], level), encoded, out)
             return [out]
-        x = chain.at(xs[0], level - 1)  # sumsq: square, then rotate-and-add over the period
-        total = chain.product(x, x, keys.relin)
-        step, rotated = 1, Ct()
-        while step < self.period:
-            ev.rotate_vector(total, step, keys.galois, rotated)
-            ev.add_inplace(total, rotated)
-            step *= 2
+        x = chain.at(xs[0], level - 1)  # sumsq: square, block sum over the window, minus the mean's square
+        total = self._block_sum(chain.product(x, x, keys.relin), op["window"], keys.galois)
+        if len(xs) == 2:
+            mean = chain.at(xs[1], level - 1)
+            ev.sub_inplace(total, chain.product(mean, mean, keys.relin))
         return [total]
+
+    def rotate(self, ct: Ct, step: int, galois: sa.GaloisKeys) -> Ct:
+        """``ct`` rotated left by ``step`` slots with the manifest's keys (a new ciphertext)."""
+        out = ct
+        for part in decompose(step, self.keys, self.chain.slots):
+            rotated = Ct()
+            self.chain.evaluator.rotate_vector(out, part, galois, rotated)
+            out = rotated
+        return out
+
+    def _block_sum(self, ct: Ct, window: int, galois: sa.GaloisKeys) -> Ct:
+        """Each block's sum on every slot of [0, window] of the block (he/packing.py), in place."""
+        ev, steps = self.chain.evaluator, sum_steps(window)
+        for step in steps[:-1]:
+            ev.add_inplace(ct, self.rotate(ct, step, galois))
+        ev.add_inplace(ct, self.rotate(ct, steps[-1], galois))
+        return ct
+
+    def _bsgs(self, xs: list[Ct], outputs: list, window: int, galois: sa.GaloisKeys) -> list[Ct]:
+        """Masked-diagonal products for every output of one linear op (baby rotations shared by outputs)."""
+        ev = self.chain.evaluator
+        babies: dict[tuple[int, int], Ct] = {}
+        results = []
+        for terms, sums, bias in outputs:
+            giants: dict[int, Ct] = {}
+            for k, b, g, pt in terms:
+                if (k, b) not in babies:
+                    babies[k, b] = xs[k] if b == 0 else self.rotate(xs[k], b, galois)
+                term = Ct()
+                ev.multiply_plain(babies[k, b], pt, term)
+                giants[g] = _accumulate(ev, giants.get(g), term)
+            total = giants.pop(0, None)
+            for g, partial in giants.items():
+                total = _accumulate(ev, total, self.rotate(partial, g, galois))
+            spread = None
+            for k, pt in sums:
+                term = Ct()
+                ev.multiply_plain(xs[k], pt, term)
+                spread = _accumulate(ev, spread, term)
+            if spread is not None:
+                total = _accumulate(ev, total, self._block_sum(spread, window, galois))
+            ev.add_plain_inplace(total, bias)
+            results.append(self.chain.rescale(total))
+        return results
 
     def _throughput(self, op: dict[str, Any], xs: list[list[Ct]], encoded: Any, keys) -> list[list[Ct]]:
         chain, ev, level = self.chain, self.chain.evaluator, op["level"]
@@ -198,40 +247,12 @@ class PlanEvaluator:
         return [[chain.rescale(total)]]
 
 
-def _rotated(ev: sa.Evaluator, ct: Ct, step: int, galois: sa.GaloisKeys) -> Ct:
-    out = Ct()
-    ev.rotate_vector(ct, step, galois, out)
-    return out
-
-
 def _accumulate(ev: sa.Evaluator, total: Ct | None, term: Ct) -> Ct:
     """``total + term`` in place (``term`` when there is no total yet)."""
     if total is None:
         return term
     ev.add_inplace(total, term)
     return total
-
-
-def _bsgs(chain: Chain, xs: list[Ct], outputs: list, galois: sa.GaloisKeys) -> list[Ct]:
-    """Baby-step/giant-step diagonal products for every output of one linear op (rotations shared)."""
-    ev = chain.evaluator
-    babies: dict[tuple[int, int], Ct] = {}
-    results = []
-    for terms, bias in outputs:
-        giants: dict[int, Ct] = {}
-        for k, b, g, pt in terms:
-            if (k, b) not in babies:
-                babies[k, b] = xs[k] if b == 0 else _rotated(ev, xs[k], b, galois)
-            term = Ct()
-            ev.multiply_plain(babies[k, b], pt, term)
-            giants[g] = _accumulate(ev, giants.get(g), term)
-        total = giants.pop(0, None)
-        for g, partial in giants.items():
-            ev.rotate_vector_inplace(partial, g, galois)
-            total = _accumulate(ev, total, partial)
-        ev.add_plain_inplace(total, bias)
-        results.append(chain.rescale(total))
-    return results
 
 
 def _scalar_linear(chain: Chain, plan: Plan, op: dict[str, Any], xs: list[list[Ct]], biases: list) -> list[list[Ct]]:

@@ -7,6 +7,8 @@ product are pushed into the producer of a value (a *twin*, see :meth:`Builder.tw
 a plaintext multiply. Costs after the input's linear op (he.md §1.7):
 
     PolyNorm          3 levels: s^2 summed, (sqrt(a) mu v - sqrt(a) b)^2, (x - E[x]) * g; gain and bias stay pending
+                      (latency plans sum the squares of the uncentred s and subtract n E[s]^2, so that the
+                      centring never has to be exact outside the features' slots; see veil.he.layout)
     PolyAct degree 1  0 levels  (leading coefficient folded into the producer)
     PolyAct degree 2  1 level   y * (q2 y + q1) + q0, with q2 y a twin of y
     PolyAct degree 3  2 levels  y^2 * (q3 y + q2) + (q1 y + q0)
@@ -56,16 +58,17 @@ class Affine:
 class Builder:
     """Accumulates plan ops, values and tensors while the compiler walks the graph."""
 
-    def __init__(self) -> None:
+    def __init__(self, latency: bool = False) -> None:
+        self.latency = latency
         self.ops: list[dict[str, Any]] = []
         self.values: dict[str, dict[str, int]] = {}
         self.tensors: dict[str, np.ndarray] = {}
         self.producer: dict[str, dict[str, Any]] = {}
 
     # -- values and ops -------------------------------------------------------------------------------
-    def new_value(self, features: int, level: int) -> str:
+    def new_value(self, features: int, level: int, shape: tuple[int, ...] | None = None) -> str:
         name = f"v{len(self.values)}"
-        self.values[name] = {"features": features, "level": level}
+        self.values[name] = {"features": features, "level": level, "shape": list(shape or (features,))}
         return name
 
     def tensor(self, array: np.ndarray) -> str:
@@ -76,11 +79,15 @@ class Builder:
     def level(self, value: str) -> int:
         return self.values[value]["level"]
 
-    def input(self, features: int) -> str:
-        return self.new_value(features, 0)
+    def input(self, features: int, shape: tuple[int, ...] | None = None) -> str:
+        return self.new_value(features, 0, shape)
 
-    def _emit(self, op: str, inputs: list[str], features: int, level: int, node: str, **extra: Any) -> str:
-        out = self.new_value(features, level)
+    def shape(self, value: str) -> tuple[int, ...]:
+        return tuple(self.values[value]["shape"])
+
+    def _emit(self, op: str, inputs: list[str], features: int, level: int, node: str,
+              shape: tuple[int, ...] | None = None, **extra: Any) -> str:
+        out = self.new_value(features, level, shape)
         record = {"op": op, "inputs": inputs, "outputs": [out], "level": level, "node": node, **extra}
         self.ops.append(record)
         self.producer[out] = record
@@ -94,23 +101,42 @@ class Builder:
                 return value
         inputs = sorted(expr.terms)
         level = max((self.level(v) for v in inputs), default=0) + 1
-        return self._emit("linear", inputs, expr.features, level, node,
+        return self._emit("linear", inputs, expr.features, level, node, expr.shape,
                           weights=[[self.tensor(expr.terms[v]) for v in inputs]], biases=[self.tensor(expr.bias)])
 
+    def extra_output(self, value: str, expr: Affine) -> str:
+        """One more output ``expr`` of the linear op that produced ``value`` (same inputs, same level)."""
+        op = self.producer[value]
+        if op["op"] != "linear" or not set(expr.terms) <= set(op["inputs"]):
+            raise ValueError(f"extra_output: {value} is not a linear output over {sorted(expr.terms)}")
+        out = self.new_value(expr.features, op["level"], expr.shape)
+        zeros = {v: np.zeros((expr.features, self.values[v]["features"])) for v in op["inputs"]}
+        op["outputs"].append(out)
+        op["weights"].append([self.tensor(expr.terms.get(v, zeros[v])) for v in op["inputs"]])
+        op["biases"].append(self.tensor(expr.bias))
+        self.producer[out] = op
+        return out
+
+    def _wider(self, a: str, b: str) -> tuple[int, tuple[int, ...]]:
+        """Features and shape of an elementwise result (a one-feature value broadcasts)."""
+        wide = a if self.values[a]["features"] >= self.values[b]["features"] else b
+        return self.values[wide]["features"], self.shape(wide)
+
     def mul(self, a: str, b: str, node: str) -> str:
-        features = max(self.values[a]["features"], self.values[b]["features"])
-        return self._emit("mul", [a, b], features, max(self.level(a), self.level(b)) + 1, node)
+        features, shape = self._wider(a, b)
+        return self._emit("mul", [a, b], features, max(self.level(a), self.level(b)) + 1, node, shape)
 
     def add(self, a: str, b: str, node: str) -> str:
-        features = max(self.values[a]["features"], self.values[b]["features"])
-        return self._emit("add", [a, b], features, max(self.level(a), self.level(b)), node)
+        features, shape = self._wider(a, b)
+        return self._emit("add", [a, b], features, max(self.level(a), self.level(b)), node, shape)
 
     def add_const(self, a: str, const: np.ndarray, node: str) -> str:
-        return self._emit("add_const", [a], self.values[a]["features"], self.level(a), node,
+        return self._emit("add_const", [a], self.values[a]["features"], self.level(a), node, self.shape(a),
                           const=self.tensor(np.atleast_1d(const)))
 
-    def sumsq(self, a: str, node: str) -> str:
-        return self._emit("sumsq", [a], 1, self.level(a) + 1, node)
+    def sumsq(self, a: str, node: str, mean: str | None = None) -> str:
+        """``sum_j a_j^2`` (minus ``mean^2`` when given: a one-feature value at a's level), 1 level."""
+        return self._emit("sumsq", [a] if mean is None else [a, mean], 1, self.level(a) + 1, node)
 
     # -- folding --------------------------------------------------------------------------------------
     def twin(self, value: str, gain: np.ndarray, node: str) -> str:
@@ -124,7 +150,7 @@ class Builder:
         if kind == "linear":
             k = op["outputs"].index(value)
             weights = [self.tensor(gain[:, None] * self.tensors[t]) for t in op["weights"][k]]
-            out = self.new_value(len(gain), op["level"])
+            out = self.new_value(len(gain), op["level"], self.shape(value))
             op["outputs"].append(out)
             op["weights"].append(weights)
             op["biases"].append(self.tensor(gain * self.tensors[op["biases"][k]]))
@@ -140,7 +166,7 @@ class Builder:
         if kind == "add_const" and self.values[op["inputs"][0]]["features"] == len(gain):
             return self.add_const(self.twin(op["inputs"][0], gain, node), gain * self.tensors[op["const"]], node)
         n = len(gain)
-        return self.linear(Affine({value: np.diag(gain)}, np.zeros(n), (n,)), node)
+        return self.linear(Affine({value: np.diag(gain)}, np.zeros(n), self.shape(value)), node)
 
     def polynorm(self, expr: Affine, weight: np.ndarray, bias: np.ndarray, attrs: dict[str, float],
                  node: str) -> Affine:
@@ -153,7 +179,12 @@ class Builder:
         centre = np.eye(n) - np.full((n, n), 1.0 / n)  # x - E[x]
         d = self.linear(expr.then(centre, np.zeros(n), expr.shape), node)
         kappa = math.sqrt(math.sqrt(a) * mu / (n * rv))  # sum (kappa d)^2 = sqrt(a) mu Var / Var_bar
-        u = self.sumsq(self.twin(d, np.full(n, kappa), node), node)
+        if self.latency:  # sum (kappa d)^2 = sum (kappa z)^2 - (sqrt(n) kappa E[z])^2, z = expr uncentred
+            mean = np.full((1, n), math.sqrt(n) * kappa / n)
+            s = self.extra_output(d, expr.then(np.eye(n) * kappa, np.zeros(n), expr.shape))
+            u = self.sumsq(s, node, self.extra_output(d, expr.then(mean, np.zeros(1), (1,))))
+        else:
+            u = self.sumsq(self.twin(d, np.full(n, kappa), node), node)
         t = self.add_const(u, np.array([-math.sqrt(a) * b]), node)  # sqrt(a) (mu v - b)
         g = self.add_const(self.mul(t, t, node), np.array([c]), node)  # a (mu v - b)^2 + c
         y = self.mul(d, g, node)

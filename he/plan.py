@@ -1,17 +1,22 @@
 """The compiled HE program: ``plan.json`` (ops, values, levels, packing, key manifest) + ``plan.safetensors``.
 
-A plan is a straight-line program over *values* (one ciphertext per sample in latency mode, one
-ciphertext per feature in throughput mode). Its ops, in topological order:
+A plan is a straight-line program over *values* (in latency mode one ciphertext holds
+``batch_capacity`` images, each in its own block of ``period`` slots; in throughput mode one ciphertext
+per feature). Its ops, in topological order:
 
     linear     outputs[k] = sum_i weights[k][i] @ inputs[i] + biases[k]   (1 level, plaintext weights)
     mul        output = inputs[0] * inputs[1]                                (1 level, ct x ct)
     add        output = inputs[0] + inputs[1]                                (0 levels)
     add_const  output = inputs[0] + const                                   (0 levels)
-    sumsq      output = sum_j inputs[0][j]^2, one value shared by every feature (1 level)
+    sumsq      output = sum_j inputs[0][j]^2 (- inputs[1]^2), one value shared by every feature (1 level)
 
-A value has ``features`` (1 = broadcast: the same number for every feature) and the ``level`` (rescalings
-consumed) it is produced at. The plan names the CKKS parameters it was compiled for, so the client
-derives the same parameters, keys (only ``galois_steps``) and slot layout from the plan alone.
+A value has ``features`` (1 = broadcast: the same number for every feature), its ``shape`` and the
+``level`` (rescalings consumed) it is produced at. Throughput linear ops hold dense ``weights`` (out, in);
+latency linear ops hold masked diagonals instead (per output and input: ``offsets`` and a (n, period) mask
+tensor), ``broadcast`` block vectors, the baby-step/giant-step ``split`` and the steps it uses, and latency
+values their slot ``positions`` (see :mod:`veil.he.packing`, :mod:`veil.he.layout`). The plan names the
+CKKS parameters it was compiled for, so the client derives the same parameters, keys (only
+``galois_steps``) and slot layout from the plan alone.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 Mode = Literal["latency", "throughput"]
-FORMAT = "veil.he.plan/1"
+FORMAT = "veil.he.plan/2"
 JSON_NAME, WEIGHTS_NAME = "plan.json", "plan.safetensors"
 
 
@@ -36,8 +41,9 @@ class Plan:
     """A compiled HE program and its weights.
 
     Args:
-        spec: the JSON part: format, mode, inputs/outputs ({name, value, shape, features}), values, ops,
-            levels, period (latency slot period), galois_steps, parameters, precision_bits, onnx_sha256.
+        spec: the JSON part: format, mode, inputs/outputs ({name, value, shape, features, positions}), values,
+            ops, levels, period (latency block size), window, batch_capacity, galois_steps, rotation_keys,
+            rotations, parameters, precision_bits, onnx_sha256.
         tensors: named float64 arrays the ops refer to (matrices (out, in), bias / constant vectors).
     """
 
@@ -65,6 +71,17 @@ class Plan:
     @property
     def slots(self) -> int:
         return int(self.spec["parameters"]["poly_modulus_degree"]) // 2
+
+    @property
+    def batch_capacity(self) -> int:
+        """Images per ciphertext (latency: slots // period) or per call (throughput: slots)."""
+        return int(self.spec["batch_capacity"])
+
+    def ciphertexts_for(self, batch: int) -> int:
+        """How many input ciphertexts a batch of ``batch`` samples takes."""
+        if self.mode == "latency":
+            return -(-batch // self.batch_capacity)
+        return int(self.spec["inputs"][0]["features"])
 
     def parameters(self):  # -> veil.he.params.CkksParameters
         """The CKKS parameters the plan was compiled for."""
@@ -111,8 +128,9 @@ class Plan:
     def encode_inputs(self, x: np.ndarray) -> list[np.ndarray]:
         """Client side: the slot vectors to encrypt for a batch ``x`` of shape (B, *input shape).
 
-        Latency: one vector per sample, its features zero-padded to the period and tiled over all slots.
-        Throughput: one vector per feature, holding that feature of the B samples (B <= slots).
+        Latency: sample b in block b % capacity of vector b // capacity, feature f at slot
+        ``block * period + positions[f]`` (NCHW order), zeros elsewhere. Throughput: one vector per feature,
+        holding that feature of the B samples (B <= slots).
         """
         spec = self.spec["inputs"][0]
         x = np.asarray(x, dtype=np.float64)
@@ -121,10 +139,10 @@ class Plan:
                              f"received {tuple(x.shape)}")
         flat = x.reshape(len(x), -1)  # (B, F)
         if self.mode == "latency":
-            period = int(self.spec["period"])
-            padded = np.zeros((len(x), period))
-            padded[:, : flat.shape[1]] = flat
-            return list(np.tile(padded, (1, self.slots // period)))  # B x (slots,)
+            slots = self._latency_slots(spec, len(x))  # (B, F)
+            vectors = np.zeros((self.ciphertexts_for(len(x)), self.slots))
+            vectors.reshape(-1)[slots.reshape(-1)] = flat.reshape(-1)
+            return list(vectors)  # ceil(B / capacity) x (slots,)
         if len(x) > self.slots:
             raise ValueError(f"encode_inputs: throughput batch expected <= {self.slots} samples, received {len(x)}")
         return list(flat.T.copy())  # F x (B,)
@@ -134,16 +152,25 @@ class Plan:
         spec = self.spec["outputs"][0]
         features = int(spec["features"])
         if self.mode == "latency":
-            if len(vectors) != batch:
-                raise ValueError(f"decode_outputs: latency mode expects one vector per sample ({batch}), "
-                                 f"received {len(vectors)}")
-            out = np.stack([np.asarray(v)[:features] for v in vectors])  # (B, F)
+            if len(vectors) != self.ciphertexts_for(batch):
+                raise ValueError(f"decode_outputs: latency mode expects {self.ciphertexts_for(batch)} vectors for "
+                                 f"{batch} samples ({self.batch_capacity} per ciphertext), received {len(vectors)}")
+            flat = np.concatenate([np.asarray(v, dtype=np.float64).reshape(-1)[: self.slots] for v in vectors])
+            out = flat[self._latency_slots(spec, batch)]  # (B, F)
         else:
             if len(vectors) != features:
                 raise ValueError(f"decode_outputs: throughput mode expects one vector per output feature "
                                  f"({features}), received {len(vectors)}")
             out = np.stack([np.asarray(v)[:batch] for v in vectors], axis=1)  # (B, F)
         return out.reshape(batch, *spec["shape"])
+
+
+    def _latency_slots(self, end: dict[str, Any], batch: int) -> np.ndarray:
+        """(batch, F) slot indices, over the concatenated ciphertexts, of an input's or output's features."""
+        period, capacity = int(self.spec["period"]), self.batch_capacity
+        b = np.arange(batch)
+        base = (b // capacity) * self.slots + (b % capacity) * period  # (B,)
+        return base[:, None] + np.asarray(end["positions"], dtype=np.int64)[None, :]
 
 
 def _canonical(spec: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
 """HE compiler: the plan computes what ONNX Runtime computes (checked by a numpy interpreter of the plan,
-no encryption), levels follow he.md §1.7, refusals name the node, plans round-trip with a stable hash."""
+no encryption; in latency mode it runs the slot program itself: masks, rotations, block sums), levels
+follow he.md §1.7, refusals name the node, plans round-trip with a stable hash."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch import nn
 from veil.export import export_graph
 from veil.he.compile import CompileError, compile
 from veil.he.errors import ParameterError
+from veil.he.packing import residue, rotation_uses, sum_steps, tile
 from veil.he.plan import Plan
 from veil.training.uldnet import (
     ModelConfig,
@@ -87,7 +89,9 @@ def ort_run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 
 def simulate(plan: Plan, x: np.ndarray) -> np.ndarray:
-    """The plan's ops in float64 numpy, on flattened samples (B, F): what the evaluator computes."""
+    """The plan's ops in float64 numpy: what the evaluator computes (slot by slot in latency mode)."""
+    if plan.mode == "latency":
+        return simulate_slots(plan, x)
     values = {plan.spec["inputs"][0]["value"]: x.reshape(len(x), -1).astype(np.float64)}
     for op in plan.ops:
         xs = [values[v] for v in op["inputs"]]
@@ -103,8 +107,73 @@ def simulate(plan: Plan, x: np.ndarray) -> np.ndarray:
         else:  # sumsq
             outs = [np.sum(xs[0] ** 2, axis=1, keepdims=True)]
         values.update(zip(op["outputs"], outs, strict=True))
-    return plan.decode_outputs(list(values[plan.spec["outputs"][0]["value"]].T), len(x)) if plan.mode == "throughput" \
-        else values[plan.spec["outputs"][0]["value"]].reshape(len(x), *plan.spec["outputs"][0]["shape"])
+    return plan.decode_outputs(list(values[plan.spec["outputs"][0]["value"]].T), len(x))
+
+
+def rot(v: np.ndarray, step: int) -> np.ndarray:
+    """Left rotation of every ciphertext's slots (rows of v) by ``step``, as SEAL's rotate_vector."""
+    return np.roll(v, -step, axis=-1)
+
+
+def block_sum(v: np.ndarray, window: int) -> np.ndarray:
+    steps = sum_steps(window)
+    for step in steps[:-1]:
+        v = v + rot(v, step)
+    return v + rot(v, steps[-1])
+
+
+def simulate_slots(plan: Plan, x: np.ndarray, uses: list[int] | None = None) -> np.ndarray:
+    """Latency plan on plaintext slot vectors (ciphertexts, slots), with the evaluator's BSGS and block sums.
+
+    ``uses`` collects every rotation step taken (babies once per input, giants once per output)."""
+    slots, uses = plan.slots, uses if uses is not None else []
+
+    def rotate(v: np.ndarray, step: int) -> np.ndarray:
+        uses.append(step)
+        return rot(v, step)
+
+    def spread(v: np.ndarray, window: int) -> np.ndarray:
+        steps = sum_steps(window)
+        for step in steps[:-1]:
+            v = v + rotate(v, step)
+        return v + rotate(v, steps[-1])
+
+    values = {plan.spec["inputs"][0]["value"]: np.stack(plan.encode_inputs(x))}
+    for op in plan.ops:
+        xs = [values[v] for v in op["inputs"]]
+        if op["op"] == "linear":
+            outs, babies = [], {}
+            for diagonals, broadcast, bias in zip(op["diagonals"], op["broadcast"], op["biases"], strict=True):
+                giants: dict[int, np.ndarray] = {}
+                for k, part in enumerate(diagonals or []):
+                    if part is None:
+                        continue
+                    offsets = np.asarray(part["offsets"])
+                    for mask, b, delta in zip(plan.tensors[part["masks"]], residue(offsets, **_split(op)), offsets,
+                                              strict=True):
+                        g = int(delta - b)
+                        if (k, int(b)) not in babies:
+                            babies[k, int(b)] = rotate(xs[k], int(b)) if b else xs[k]
+                        giants[g] = giants.get(g, 0) + tile(np.roll(mask, g), slots) * babies[k, int(b)]
+                total = giants.pop(0, 0) + sum(rotate(v, g) for g, v in giants.items())
+                if broadcast:
+                    total = total + spread(sum(tile(plan.tensors[t], slots) * xs[k] for k, t in enumerate(broadcast)
+                                               if t is not None), op["window"])
+                outs.append(total + tile(plan.tensors[bias], slots))
+        elif op["op"] == "mul":
+            outs = [xs[0] * xs[1]]
+        elif op["op"] == "add":
+            outs = [xs[0] + xs[1]]
+        elif op["op"] == "add_const":
+            outs = [xs[0] + tile(plan.tensors[op["const"]], slots)]
+        else:  # sumsq
+            outs = [spread(xs[0] ** 2, op["window"]) - (xs[1] ** 2 if len(xs) == 2 else 0)]
+        values.update(zip(op["outputs"], outs, strict=True))
+    return plan.decode_outputs(list(values[plan.spec["outputs"][0]["value"]]), len(x))
+
+
+def _split(op: dict) -> dict:
+    return {"modulus": op["split"]["modulus"], "signed": op["split"]["signed"]}
 
 
 # name -> levels: linear 1, PolyNorm 3 after its linear, PolyAct(2) 1, PolyAct(3) 2, PolyAct(1) 0 (twins)
@@ -126,13 +195,19 @@ def test_linear_ops_fold_into_one_affine_map() -> None:
     linear = [op for op in plan.ops if op["op"] == "linear"]
     # conv + its PolyAct twin share one op; pool + flatten + Linear fold into the last one
     assert [len(op["outputs"]) for op in linear] == [2, 1]
-    assert plan.spec["period"] == 128 and plan.tensors[linear[1]["weights"][0][0]].shape == (10, 128)
+    # the conv's outputs stay in place (2 channels x 64 slots); the head reads them where they are
+    conv_out = plan.spec["values"][linear[0]["outputs"][0]]
+    assert conv_out["positions"] == list(range(128)) and conv_out["grid"]["gap"] == 1
+    assert plan.spec["period"] == 128 and plan.batch_capacity == plan.slots // 128
 
 
-def test_key_manifest_lists_only_bsgs_and_slot_sum_steps() -> None:
+def test_key_manifest_is_the_set_of_rotations_used() -> None:
     latency, throughput = compile(exported("mlp"), mode="latency"), compile(exported("mlp"), mode="throughput")
     assert throughput.galois_steps == []
-    assert latency.galois_steps == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 40, 48, 56]  # period 64, 8 baby steps
+    used: list[int] = []
+    simulate_slots(latency, np.zeros((1, 1, 8, 8)), used)
+    assert latency.galois_steps == sorted(set(used)) == sorted(rotation_uses(latency.ops))
+    assert latency.spec["rotations"]["rotations"] == len(used)
 
 
 @pytest.mark.parametrize(("name", "op"), [("relu", "Relu"), ("maxpool", "MaxPool")])
@@ -173,8 +248,10 @@ def test_encode_decode_layouts() -> None:
     x = np.arange(2 * 64, dtype=np.float64).reshape(2, 1, 8, 8)
     latency, throughput = compile(exported("mlp"), mode="latency"), compile(exported("mlp"), mode="throughput")
     vectors = latency.encode_inputs(x)
-    assert len(vectors) == 2 and vectors[1].shape == (latency.slots,)
-    np.testing.assert_array_equal(vectors[1][64:128], x[1].reshape(-1))  # replicated with period 64
+    period = latency.spec["period"]
+    assert len(vectors) == 1 and vectors[0].shape == (latency.slots,)  # both images in one ciphertext
+    np.testing.assert_array_equal(vectors[0][period: period + 64], x[1].reshape(-1))  # image 1 in block 1
+    assert not np.any(vectors[0][2 * period:])  # no replication
     assert [v.shape for v in throughput.encode_inputs(x)] == [(2,)] * 64
     with pytest.raises(ValueError, match="expected shape"):
         latency.encode_inputs(x[:, 0])

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from veil.he.compile import compile
+from veil.he.compile import compile, finish
 from veil.he.errors import MismatchError
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring
 from veil.he.lowering import Affine, Builder
-from veil.he.packing import galois_steps, latency_period
 from veil.he.params import select_parameters
-from veil.he.plan import FORMAT, Plan
+from veil.he.plan import Plan
 
 _SPEC = importlib.util.spec_from_file_location("he_test_compile", Path(__file__).with_name("test_compile.py"))
 _MODELS = importlib.util.module_from_spec(_SPEC)
@@ -57,24 +56,18 @@ def test_encrypted_matches_onnx_runtime(name: str, mode: str) -> None:
 
 def _two_layer_plan(w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray) -> Plan:
     """x -> W1 x + b1 -> W2 (.) + b2 as two separate linear ops (no folding), latency mode."""
-    builder = Builder()
+    builder = Builder(latency=True)
     x = builder.input(w1.shape[1])
     hidden = builder.linear(Affine({x: w1}, b1, (len(b1),)), "first")
     out = builder.linear(Affine({hidden: w2}, b2, (len(b2),)), "second")
-    period = latency_period(builder)
-    spec = {"format": FORMAT, "mode": "latency", "levels": 2, "period": period, "precision_bits": 20,
-            "inputs": [{"name": "x", "value": x, "shape": [w1.shape[1]], "features": w1.shape[1]}],
-            "outputs": [{"name": "y", "value": out, "shape": [len(b2)], "features": len(b2)}],
-            "values": builder.values, "ops": builder.ops,
-            "parameters": select_parameters(2, min_slots=period).to_dict(), "onnx_sha256": ""}
-    plan = Plan(spec, builder.tensors)
-    spec["galois_steps"] = galois_steps(plan)
-    return plan
+    return finish(builder, {"name": "x", "value": x, "shape": [w1.shape[1]]},
+                  {"name": "y", "value": out, "shape": [len(b2)]}, "latency")
 
 
-def test_vector_bias_then_matmul_keeps_the_replicated_layout() -> None:
+def test_vector_bias_then_matmul_keeps_the_layout() -> None:
     # The TenSEAL pitfall (he.md §2.5-1): `x.mm(A) + b_list` adds b to the first slots only, and the next
-    # mm reads the broken replication (errors ~1e-1). Here the bias is encoded with the slot period.
+    # mm reads the broken replication (errors ~1e-1). Here the bias is placed at the value's positions of
+    # every image block.
     rng = np.random.default_rng(4)
     w1, b1 = rng.normal(size=(24, 20)) / 4, rng.uniform(1.0, 2.0, 24)  # large vector bias, 24 < period 32
     w2, b2 = rng.normal(size=(10, 24)) / 4, rng.normal(size=10)

@@ -1,0 +1,323 @@
+"""Latency layouts: the slot positions of every value of a plan, chosen op by op, and the packed linear ops.
+
+The input sits in natural NCHW order (slot ``c H W + i W + j`` of its block). A linear op's output layout is
+chosen among a few candidates by the rotations it costs (:func:`veil.he.packing.best_split`):
+
+- *in place* on the input's spatial grid: output (co, i, j) at ``co S + g s (i W0 + j)`` for a stride s
+  (1, 2, 4, ...; a strided convolution or a pooling), so the gap g of he.md §7.2 is multiplied by s and the
+  next layer's taps rotate by ``g s (di W0 + dj)``; a global pooling (s = H) leaves channel co at ``co S``;
+- *compact* ``0 .. F - 1`` (a dense layer);
+- *channel-strided* ``r S`` (a dense head over a channel-multiplexed input: offsets (c - r) S + pixel).
+
+Elementwise ops keep their input's layout; operands of a product or a sum share one (a union-find over
+values, so the first linear op of a group chooses for all). Flatten costs nothing: the head's masks read the
+positions the layout left the features in.
+
+A matrix whose columns are mostly one value (a PolyNorm centring ``A - 1 E[A]``, dense by construction) is
+split into its sparse part and a *broadcast* ``1 w^T``: the block sum of ``w (.) x`` (no level), which leaves
+non-zero leftovers outside the output's positions. Values a sum of squares reads must be *clean* (exactly
+zero outside their positions), so their producers keep the plain masked diagonals; see the lowering's
+latency PolyNorm, which squares the uncentred values for that reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+from veil.he.packing import best_split, block_vector, next_pow2, residue
+
+BACKGROUND = 0.5  # a column's most common value is broadcast when it fills at least this share of its rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """A (C, H, W) value on the input's base grid: channel stride S, gap g, base row length W0 and rows H0."""
+
+    channels: int
+    height: int
+    width: int
+    channel_stride: int
+    gap: int
+    row: int
+    rows: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Layout:
+    """Slot positions (F,) inside the block; a grid when spatial; ``broadcast`` for one-feature values."""
+
+    positions: np.ndarray
+    grid: Grid | None = None
+    broadcast: bool = False
+
+
+def natural(shape: tuple[int, ...]) -> Layout:
+    """The input layout: C-order positions, on a grid when the shape is (C, H, W)."""
+    positions = np.arange(math.prod(shape), dtype=np.int64)
+    if len(shape) == 3:
+        c, h, w = shape
+        return Layout(positions, Grid(c, h, w, h * w, 1, w, h))
+    return Layout(positions)
+
+
+def in_place(grid: Grid, shape: tuple[int, ...], stride: int) -> Layout | None:
+    """Outputs (co, i, j) at ``co S + g stride (i W0 + j)``, or None when they leave the base grid."""
+    channels, height, width = shape
+    gap = grid.gap * stride
+    if gap * (height - 1) >= grid.rows or gap * (width - 1) >= grid.row:
+        return None
+    c, i, j = np.meshgrid(np.arange(channels), np.arange(height), np.arange(width), indexing="ij")
+    positions = (c * grid.channel_stride + gap * (i * grid.row + j)).reshape(-1).astype(np.int64)
+    return Layout(positions, Grid(channels, height, width, grid.channel_stride, gap, grid.row, grid.rows))
+
+
+def candidates(shape: tuple[int, ...], inputs: list[Layout]) -> list[Layout]:
+    """In-place (by stride), compact and channel-strided layouts for an output of ``shape``."""
+    features = math.prod(shape)
+    grid = next((x.grid for x in inputs if x.grid is not None), None)
+    found: list[Layout] = []
+    if grid is not None and len(shape) == 3:
+        stride = 1
+        while stride <= max(grid.rows, grid.row):
+            layout = in_place(grid, shape, stride)
+            if layout is not None:
+                found.append(layout)
+            stride *= 2
+    found.append(Layout(np.arange(features, dtype=np.int64)))
+    if grid is not None and features > 1:
+        extent = max(int(x.positions.max()) + 1 for x in inputs)
+        if features * grid.channel_stride <= 2 * extent:
+            found.append(Layout(np.arange(features, dtype=np.int64) * grid.channel_stride))
+    unique: dict[bytes, Layout] = {}
+    for layout in found:
+        unique.setdefault(layout.positions.tobytes(), layout)
+    return list(unique.values())
+
+
+def split_background(matrix: np.ndarray, allow: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``matrix = sparse + 1 w^T``: w the columns' common value where it fills most rows (else 0)."""
+    if not allow or matrix.shape[0] < 4:
+        return matrix, None
+    tol = 1e-12 * max(float(np.abs(matrix).max()), 1e-300)
+    w = np.median(matrix, axis=0)
+    background = np.abs(matrix - w[None, :]) <= tol
+    w = np.where((background.mean(axis=0) >= BACKGROUND) & (np.abs(w) > tol), w, 0.0)
+    if not np.any(w):
+        return matrix, None
+    sparse = matrix - w[None, :]
+    sparse[np.abs(sparse) <= tol] = 0.0
+    return sparse, w
+
+
+class _Groups:
+    """Union-find over value names: values that must share slot positions."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, v: str) -> str:
+        self.parent.setdefault(v, v)
+        while self.parent[v] != v:
+            self.parent[v] = self.parent[self.parent[v]]
+            v = self.parent[v]
+        return v
+
+    def union(self, a: str, b: str) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def pack_latency(builder, in_value: str) -> dict[str, Any]:
+    """Layouts, packed ops and tensors of a latency plan (``builder``: the lowering's values, ops, tensors).
+
+    Returns:
+        {"ops", "values", "tensors", "period", "window"}: ops with masked diagonals and block vectors,
+        values with their positions (and grids), the block size D and the broadcast window E (0: none).
+    """
+    from veil.he.compile import CompileError
+
+    values, ops = builder.values, builder.ops
+    wide = {v for v, info in values.items() if info["features"] > 1}
+    groups = _Groups()
+    for op in ops:
+        linked = [v for v in op["inputs"] + op["outputs"] if v in wide] if op["op"] != "linear" else \
+            [v for v in op["outputs"] if v in wide]
+        if op["op"] in ("linear", "mul", "add", "add_const"):
+            for a, b in itertools.pairwise(linked):
+                groups.union(a, b)
+    clean = _clean_outputs(ops, wide, builder.producer)
+    layouts: dict[str, Layout] = {in_value: natural(tuple(values[in_value]["shape"]))}
+    for v, info in values.items():
+        if info["features"] == 1:
+            layouts[v] = Layout(np.zeros(1, dtype=np.int64), broadcast=True)
+    chosen: dict[str, Layout] = {groups.find(in_value): layouts[in_value]} if in_value in wide else {}
+    plans: list[dict[str, Any]] = []
+    for index, op in enumerate(ops):
+        if op["op"] == "linear":
+            plans.append(_plan_linear(index, op, builder, layouts, groups, chosen, clean))
+            continue
+        plans.append({})
+        for out in op["outputs"]:
+            if out in wide:
+                source = next((v for v in op["inputs"] if v in wide), None)
+                if source is None:
+                    raise CompileError(f"node {op['node']!r}: a {op['op']} of one-feature values cannot have "
+                                       f"{values[out]['features']} features")
+                layouts[out] = layouts[source]
+    extent = next_pow2(max(int(x.positions.max()) + 1 for x in layouts.values()))
+    broadcasts = any(op["op"] == "sumsq" for op in ops) or any(p.get("broadcast") for p in plans)
+    window = extent if broadcasts else 0
+    period = 2 * extent if broadcasts else extent
+    return _materialize(builder, ops, plans, layouts, period, window)
+
+
+def _clean_outputs(ops: list[dict[str, Any]], wide: set[str], producer: dict[str, Any]) -> set[str]:
+    """Linear outputs that must be exactly zero outside their positions: every value a sum of squares reads."""
+    from veil.he.compile import CompileError
+
+    need, stack = set(), [op["inputs"][0] for op in ops if op["op"] == "sumsq"]
+    while stack:
+        v = stack.pop()
+        if v in need or v not in producer:
+            continue
+        need.add(v)
+        op = producer[v]
+        if op["op"] == "add" and any(x not in wide for x in op["inputs"]):
+            raise CompileError(f"node {op['node']!r}: a sum of squares reads a value plus a one-feature value")
+        if op["op"] in ("mul", "add", "add_const"):
+            stack.extend(x for x in op["inputs"] if x in wide)
+    return need
+
+
+def _plan_linear(index: int, op: dict[str, Any], builder, layouts: dict[str, Layout], groups: _Groups,
+                 chosen: dict[str, Layout], clean: set[str]) -> dict[str, Any]:
+    """Sparse terms of every (output, input) pair and the output layout with the fewest rotations."""
+    values, tensors = builder.values, builder.tensors
+    inputs = [layouts[v] for v in op["inputs"]]
+    terms: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+    broadcast: list[list[np.ndarray | None]] = []
+    for out, row in zip(op["outputs"], op["weights"], strict=True):
+        one = values[out]["features"] == 1
+        terms.append([])
+        broadcast.append([])
+        for name in row:
+            matrix = tensors[name]
+            if one:
+                sparse, w = np.zeros_like(matrix), matrix[0]
+            else:
+                sparse, w = split_background(matrix, out not in clean)
+            r, c = np.nonzero(sparse)
+            terms[-1].append((r, c, sparse[r, c]))
+            broadcast[-1].append(w if w is not None and np.any(w) else None)
+    main = next((v for v in op["outputs"] if values[v]["features"] > 1), None)
+    layout = None
+    if main is not None:
+        layout = chosen.get(groups.find(main))
+        if layout is None:
+            options = candidates(tuple(values[main]["shape"]), inputs)
+            costs = [_cost(option, inputs, terms, op, values)[0] for option in options]
+            layout = options[int(np.argmin(costs))]
+            chosen[groups.find(main)] = layout
+        for v in op["outputs"]:
+            if values[v]["features"] > 1:
+                if values[v]["features"] != len(layout.positions):
+                    raise ValueError(f"op {index} at node {op['node']!r}: outputs of different sizes")
+                layouts[v] = layout
+    _, modulus, signed = _cost(layout, inputs, terms, op, values)
+    return {"terms": terms, "broadcast": any(w is not None for row in broadcast for w in row),
+            "weights": broadcast, "modulus": modulus, "signed": signed, "layout": layout}
+
+
+def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any], values) -> tuple[int, int, bool]:
+    per_input: list[list[np.ndarray]] = [[] for _ in inputs]
+    per_output: list[np.ndarray] = []
+    for out, row in zip(op["outputs"], terms, strict=True):
+        deltas = []
+        for i, (r, c, _) in enumerate(row):
+            if not len(r):
+                continue
+            d = np.unique(inputs[i].positions[c] - (layout.positions[r] if values[out]["features"] > 1 else 0))
+            per_input[i].append(d)
+            deltas.append(d)
+        per_output.append(np.unique(np.concatenate(deltas)) if deltas else np.zeros(0, dtype=np.int64))
+    strides = {g.channel_stride for g in [x.grid for x in inputs] + [layout.grid if layout else None] if g}
+    strides |= {g.gap * g.row for g in [x.grid for x in inputs] if g}
+    flat = [np.unique(np.concatenate(d)) if d else np.zeros(0, dtype=np.int64) for d in per_input]
+    return best_split(flat, per_output, strides)
+
+
+def _materialize(builder, ops: list[dict[str, Any]], plans: list[dict[str, Any]], layouts: dict[str, Layout],
+                 period: int, window: int) -> dict[str, Any]:
+    """The packed ops with their tensors: masks (n, D) per (output, input), block biases and constants."""
+    tensors: dict[str, np.ndarray] = {}
+
+    def tensor(array: np.ndarray) -> str:
+        name = f"t{len(tensors)}"
+        tensors[name] = np.asarray(array, dtype=np.float64)
+        return name
+
+    def place(vector: np.ndarray, value: str) -> np.ndarray:
+        layout = layouts[value]
+        if layout.broadcast:
+            return np.asarray(vector, dtype=np.float64).reshape(1)
+        return block_vector(vector, layout.positions, period)
+
+    packed = []
+    for op, plan in zip(ops, plans, strict=True):
+        record = {k: v for k, v in op.items() if k not in ("weights", "biases", "const")}
+        if op["op"] == "add_const":
+            record["const"] = tensor(place(builder.tensors[op["const"]], op["inputs"][0]))
+        elif op["op"] == "sumsq":
+            record["window"] = window
+        elif op["op"] == "linear":
+            record.update(_pack_linear(op, plan, layouts, period, tensor, place, builder), window=window)
+        packed.append(record)
+    out_values = {}
+    for v, info in builder.values.items():
+        layout = layouts.get(v)
+        entry = dict(info)
+        if layout is not None and not layout.broadcast:
+            entry["positions"] = layout.positions.tolist()
+            if layout.grid is not None:
+                entry["grid"] = layout.grid.to_dict()
+        out_values[v] = entry
+    return {"ops": packed, "values": out_values, "tensors": tensors, "period": period, "window": window}
+
+
+def _pack_linear(op, plan, layouts, period, tensor, place, builder) -> dict[str, Any]:
+    inputs = [layouts[v] for v in op["inputs"]]
+    modulus, signed = plan["modulus"], plan["signed"]
+    diagonals, broadcast, babies, giants = [], [], [set() for _ in inputs], []
+    for out, row, weights in zip(op["outputs"], plan["terms"], plan["weights"], strict=True):
+        out_positions = layouts[out].positions if not layouts[out].broadcast else None
+        diagonals.append([])
+        giants.append(set())
+        for i, (r, c, vals) in enumerate(row):
+            if not len(r):
+                diagonals[-1].append(None)
+                continue
+            rows = out_positions[r] if out_positions is not None else np.zeros(len(r), dtype=np.int64)
+            deltas = inputs[i].positions[c] - rows
+            offsets, inverse = np.unique(deltas, return_inverse=True)
+            masks = np.zeros((len(offsets), period))
+            np.add.at(masks, (inverse, rows), vals)
+            diagonals[-1].append({"offsets": offsets.tolist(), "masks": tensor(masks)})
+            b = residue(offsets, modulus, signed)
+            babies[i].update(int(s) for s in np.unique(b) if s)
+            giants[-1].update(int(s) for s in np.unique(offsets - b) if s)
+        broadcast.append([None if w is None else tensor(block_vector(w, inputs[i].positions, period))
+                          for i, w in enumerate(weights)])
+        broadcast[-1] = broadcast[-1] if any(t is not None for t in broadcast[-1]) else None
+        diagonals[-1] = diagonals[-1] if any(d is not None for d in diagonals[-1]) else None
+        if diagonals[-1] is None and broadcast[-1] is None:
+            raise ValueError(f"node {op['node']!r}: output {out} has no weights")
+    return {"diagonals": diagonals, "broadcast": broadcast, "split": {"modulus": modulus, "signed": signed},
+            "baby_steps": [sorted(b) for b in babies], "giant_steps": [sorted(g) for g in giants],
+            "biases": [tensor(place(builder.tensors[b], out)) for b, out in zip(op["biases"], op["outputs"],
+                                                                                 strict=True)]}
