@@ -38,6 +38,10 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
                "veil sample models/gl5 --x 0.1 0.2 --prior '{\"family\": \"gaussian\", \"mean\": [0, 0], \"std\": 0.3}'"),
 }
 
+# group -> the extra that installs what it imports (`veil[client]`, the base install, runs only `veil he`)
+EXTRAS = {"train": "train", "finetune": "train", "compress": "train", "export": "export", "serve": "serve",
+          "codec": "codec", "sample": "train", "he": "client", "demo": "all"}
+
 USAGE = f"""usage: veil <group> <verb> [options]      (veil <group> --help lists the verbs)
 
 veil {__version__}: a privacy- and deployment-oriented inference engine.
@@ -93,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_verb(name: str, call) -> int:
     """Run a verb; bad input (ValueError, missing file) becomes one line on stderr and exit status 2, and
-    argparse's exits (``--help``: 0, a usage error: 2) become the returned status.
+    argparse's exits (``--help``: 0, a usage error: 2) become the returned status. A third-party package the
+    install lacks (a client install running `veil serve`) names the extra that brings it, status 2.
 
     Set VEIL_DEBUG=1 to see the traceback instead.
     """
@@ -101,6 +106,14 @@ def run_verb(name: str, call) -> int:
         return call()
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except ModuleNotFoundError as exc:
+        package = (exc.name or "").partition(".")[0]
+        extra = EXTRAS.get(name.split()[1], "all")  # name: "veil <group> [verb]"
+        if not package or package == "veil" or os.environ.get("VEIL_DEBUG"):
+            raise
+        print(f"{name}: error: needs the package {package!r}, which this install lacks; "
+              f"install it with: pip install 'veil[{extra}]'", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError) as exc:
         if os.environ.get("VEIL_DEBUG"):
             raise
