@@ -161,3 +161,64 @@ def test_graceful_shutdown_finishes_inflight(tmp_path, oip) -> None:
     assert results == [200] * 6
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://{url}/v2/health/live")
+
+
+# -- issue 19 ---------------------------------------------------------------------------------------------------
+def test_slow_client_gets_408_while_others_are_served(tmp_path, oip) -> None:
+    """Item 9: a client that sends its body slowly holds the connection only --body-timeout-s; meanwhile the
+    server answers everyone else. (No timing is asserted: the wait is bounded, the outcome is the status.)"""
+    import socket
+
+    write_repository(tmp_path, {"m": affine_model()}, max_batch_size=4)
+    with oip.live_server(oip.make_config(tmp_path, body_timeout_s=1.0)) as (url, _):
+        host, port = url.split(":")
+        slow = socket.create_connection((host, int(port)), timeout=30)
+        slow.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"inputs\": [")  # ...and nothing more
+        with httpx.Client(base_url=f"http://{url}") as other:
+            assert other.get("/v2/health/live").status_code == 200
+            r = other.post("/v2/models/m/infer", json={"inputs": [
+                {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+            assert r.status_code == 200
+        answer = b""
+        while chunk := slow.recv(65536):  # the server answers 408 and closes the connection
+            answer += chunk
+        slow.close()
+        assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout-s" in answer
+
+
+def test_tritonclient_request_compression(live) -> None:
+    """Item 12: tritonclient's request_compression_algorithm sends gzip/deflate bodies."""
+    url, _ = live
+    client = triton.InferenceServerClient(url)
+    x = np.random.default_rng(2).normal(size=(2, 4)).astype(np.float32)
+    for algorithm in ("gzip", "deflate"):
+        for binary in (True, False):
+            inp = triton.InferInput("x", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x, binary_data=binary)
+            result = client.infer("affine", [inp], request_compression_algorithm=algorithm)
+            np.testing.assert_allclose(result.as_numpy("y"), expected_y(x), rtol=1e-5)
+
+
+def test_serve_binds_before_loading_models(tmp_path, monkeypatch, capsys) -> None:
+    """Item 13: a busy port used to be found only after every model had loaded and "startup complete" was
+    printed; now `veil serve` fails at once with one line, before any model loads."""
+    import socket
+
+    from veil.engine import cli
+    from veil.engine.dataplane import DataPlane
+
+    write_repository(tmp_path, {"m": affine_model()})
+    loads: list[int] = []
+    monkeypatch.setattr(DataPlane, "load_all", lambda self: loads.append(1))
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        port = busy.getsockname()[1]
+        assert cli.main(["--repo", str(tmp_path), "--port", str(port), "--log-level", "warning"]) == 1
+    finally:
+        busy.close()
+    err = capsys.readouterr().err.strip()
+    assert loads == [] and len(err.splitlines()) == 1
+    assert err.startswith(f"veil serve: cannot bind 127.0.0.1:{port}:") and "in use" in err
