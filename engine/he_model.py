@@ -13,6 +13,12 @@ Limits: a latency plan takes at most ``he_max_batch`` ciphertexts (one per sampl
 :data:`DEFAULT_MAX_BATCH`, set per model in config.pbtxt with
 ``parameters { key: "he_max_batch" value { string_value: "16" } }``; a throughput plan takes exactly one
 ciphertext per input feature. A key upload is capped by :func:`key_upload_limit`.
+
+Deep plans (``segments.json`` in the version folder, see :mod:`veil.he.segments`) run in several rounds:
+round k's envelope names segment k's parameter and plan hashes, and its meta carries ``round``,
+``request_id`` (issued by the server at round 0, returned in every result) and the combined ``plan_hash``;
+the result's meta says ``round``, ``rounds`` and ``final``. A :class:`~veil.he.segments.RoundBook` refuses a
+round replayed, out of order or for another request or key (409) before anything is evaluated.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from veil.he.envelope import open_envelope, seal_envelope
-from veil.he.errors import EvaluationFailed, HEError, MismatchError
+from veil.he.errors import EnvelopeError, EvaluationFailed, HEError, MismatchError
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import max_bundle_bytes
 from veil.he.params import describe
 from veil.he.plan import Plan
+from veil.he.segments import RoundBook, SegmentedPlan
 from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
 
 from .errors import DatatypeMismatch, MissingInput, ModelLoadFailed, ShapeMismatch, UnknownInput
@@ -43,6 +50,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger("veil.engine")
 CIPHERTEXT = "ciphertext"
 DEFAULT_MAX_BATCH = 8  # latency mode: ciphertexts (samples) per request; each costs one full evaluation
+
+
+class Stage:
+    """One segment as the server runs it: plan, parameters, pre-encoded evaluator, hashes, request bound."""
+
+    def __init__(self, index: int, plan: Plan, max_ciphertexts: int) -> None:
+        self.index, self.plan, self.params = index, plan, plan.parameters()
+        self.evaluator = PlanEvaluator(plan, self.params)  # weights encoded here, not per call
+        self.plan_hash, self.params_hash = plan.hash(), self.params.hash()
+        self.max_ciphertexts = max_ciphertexts
 
 
 class HeModel:
@@ -68,23 +85,33 @@ class HeModel:
     def load(self, metrics: Metrics) -> None:
         """Read and verify the plan, encode its weights once; then ready."""
         try:
-            self.plan = Plan.load(self.path.parent)
-            self.params = self.plan.parameters()
-            self.evaluator = PlanEvaluator(self.plan, self.params)  # weights encoded here, not per call
-        except (OSError, ValueError) as exc:
+            self.segmented = SegmentedPlan.load(self.path.parent)  # a plain plan folder is one segment
+            self.stages = [Stage(k, plan, self._max_ciphertexts(plan)) for k, plan in enumerate(self.segmented.plans)]
+        except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path.parent}: {exc}") from None
-        self.plan_hash, self.params_hash = self.plan.hash(), self.params.hash()
-        self.max_ciphertexts = self._max_ciphertexts()
-        self.key_bundle_limit = max_bundle_bytes(self.params, self.plan.galois_steps)
+        first = self.stages[0]  # what the first round (and a one-segment model) takes
+        self.plan, self.params, self.evaluator = first.plan, first.params, first.evaluator
+        self.plan_hash, self.params_hash = self.segmented.hash(), first.params_hash
+        self.max_ciphertexts = first.max_ciphertexts
+        self.rounds = RoundBook(len(self.stages))
+        self.key_bundle_limit = max(max_bundle_bytes(params, steps) for params, steps in self._key_sets().values())
         self.metrics = metrics.for_model(self.name, self.version, "veil_he", "veil_he")
         self.ready = True
         logger.info("HE model '%s' version %s ready (%s mode, N=%d, %d levels)", self.name, self.version,
                     self.plan.mode, self.params.poly_modulus_degree, self.plan.levels)
 
-    def _max_ciphertexts(self) -> int:
+    def _key_sets(self) -> dict[str, tuple[Any, list[int]]]:
+        """params hash -> (parameters, rotation steps of every segment using them): one key set each."""
+        sets: dict[str, tuple[Any, list[int]]] = {}
+        for stage in self.stages:
+            steps = sets.get(stage.params_hash, (stage.params, []))[1]
+            sets[stage.params_hash] = (stage.params, sorted(set(steps) | set(stage.plan.galois_steps)))
+        return sets
+
+    def _max_ciphertexts(self, plan: Plan) -> int:
         """Ciphertexts one request may carry: the input feature count (throughput), or ``he_max_batch`` (latency)."""
-        if self.plan.mode == "throughput":
-            return int(self.plan.spec["inputs"][0]["features"])
+        if plan.mode == "throughput":
+            return int(plan.spec["inputs"][0]["features"])
         raw = self.config.parameters.get("he_max_batch", str(DEFAULT_MAX_BATCH))
         if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
             raise ModelLoadFailed(f"model '{self.name}': config.pbtxt parameters.he_max_batch expected an int >= 1, "
@@ -117,38 +144,66 @@ class HeModel:
         """Evaluate the plan on the request's ciphertexts in a worker thread (SEAL releases the GIL)."""
         return {CIPHERTEXT: np.array([await asyncio.to_thread(self._evaluate, feeds)], dtype=object)}, 0
 
+    def _stage_for(self, data: bytes, key_id: str) -> tuple[Any, Stage]:
+        """Open the request envelope and pick its segment (``meta.round``); hashes checked against that segment."""
+        envelope = open_envelope(data, expect_kind="request", expect_key_id=key_id)
+        k = envelope.meta.get("round", 0)
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(self.stages):
+            raise EnvelopeError(f"envelope.meta.round: expected an int in 0..{len(self.stages) - 1}, received {k!r}")
+        stage = self.stages[k]
+        if len(self.stages) > 1 and envelope.meta.get("plan_hash") != self.plan_hash:
+            raise EnvelopeError(f"envelope.meta.plan_hash: expected {self.plan_hash!r} (the model's combined plan "
+                                f"hash), received {envelope.meta.get('plan_hash')!r}")
+        open_envelope(data, expect_params_hash=stage.params_hash, expect_plan_hash=stage.plan_hash)
+        return envelope, stage
+
     def _evaluate(self, feeds: dict[str, Any]) -> bytes:
         key_id = feeds["key_id"]
-        envelope = open_envelope(feeds[CIPHERTEXT], expect_kind="request", expect_key_id=key_id,
-                                 expect_params_hash=self.params_hash, expect_plan_hash=self.plan_hash)
+        envelope, stage = self._stage_for(feeds[CIPHERTEXT], key_id)
         keys = self.keystore.get(key_id, feeds["key_secret"])
-        if keys.params.hash() != self.params_hash:
+        if keys.params.hash() != stage.params_hash:
             raise MismatchError(f"key_id {key_id}: keys were made for parameters {keys.params.hash()[:12]}, "
-                                f"model '{self.name}' expects {self.params_hash[:12]}")
-        missing = sorted(set(self.plan.galois_steps) - set(keys.galois_steps))
+                                f"model '{self.name}' segment {stage.index} expects {stage.params_hash[:12]}")
+        missing = sorted(set(stage.plan.galois_steps) - set(keys.galois_steps))
         if missing:
             raise MismatchError(f"key_id {key_id}: Galois keys for steps {missing} are missing (the key manifest "
-                                f"of model '{self.name}' is {self.plan.galois_steps})")
-        cts = ciphertexts_from_bytes(self.params, envelope.payload, max_count=self.max_ciphertexts, fresh=True)
-        start = time.perf_counter()
+                                f"of model '{self.name}' segment {stage.index} is {stage.plan.galois_steps})")
+        ticket = self.rounds.begin(envelope.meta, key_id)  # 409 for a replayed / out-of-order round
         try:
-            result = self.evaluator.run(cts, keys)
-        except HEError:
+            cts = ciphertexts_from_bytes(stage.params, envelope.payload, max_count=stage.max_ciphertexts, fresh=True)
+            start = time.perf_counter()
+            try:
+                result = stage.evaluator.run(cts, keys)
+            except HEError:
+                raise
+            except (RuntimeError, ValueError) as exc:  # SEAL's refusals of ciphertexts that passed every check
+                logger.warning("HE model '%s': SEAL refused to evaluate key %s's ciphertexts: %s: %s", self.name,
+                               key_id, type(exc).__name__, str(exc)[:200])
+                raise EvaluationFailed(f"model '{self.name}': SEAL refused to evaluate the ciphertexts "
+                                       f"({type(exc).__name__}: {str(exc)[:200]})") from None
+            payload = ciphertexts_to_bytes(result)
+        except BaseException:
+            self.rounds.end(ticket, ok=False)
             raise
-        except (RuntimeError, ValueError) as exc:  # SEAL's refusals of ciphertexts that passed every check
-            logger.warning("HE model '%s': SEAL refused to evaluate key %s's ciphertexts: %s: %s", self.name, key_id,
-                           type(exc).__name__, str(exc)[:200])
-            raise EvaluationFailed(f"model '{self.name}': SEAL refused to evaluate the ciphertexts "
-                                   f"({type(exc).__name__}: {str(exc)[:200]})") from None
-        payload = ciphertexts_to_bytes(result)
-        return seal_envelope(payload, kind="result", key_id=key_id, params_hash=self.params_hash,
-                             plan_hash=self.plan_hash, meta={"server_seconds": round(time.perf_counter() - start, 6),
-                                                             "ciphertexts": len(result),
-                                                             "batch": envelope.meta.get("batch")})
+        self.rounds.end(ticket, ok=True)
+        meta = {"server_seconds": round(time.perf_counter() - start, 6), "ciphertexts": len(result),
+                "batch": envelope.meta.get("batch"), "round": ticket.round, "rounds": len(self.stages),
+                "final": ticket.final}
+        if len(self.stages) > 1:
+            meta |= {"request_id": ticket.request_id, "plan_hash": self.plan_hash}
+        return seal_envelope(payload, kind="result", key_id=key_id, params_hash=stage.params_hash,
+                             plan_hash=stage.plan_hash, meta=meta)
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """OIP metadata plus what a client needs: parameters, key manifest, hashes and the plan's layout."""
         client_plan = {k: v for k, v in self.plan.spec.items() if k not in ("values", "ops")}
+        segments = [{"index": s.index, "input": s.plan.spec["inputs"][0]["name"],
+                     "output": s.plan.spec["outputs"][0]["name"], "mode": s.plan.mode, "levels": s.plan.levels,
+                     "parameters": s.params.to_dict(), "params_hash": s.params_hash, "plan_hash": s.plan_hash,
+                     "galois_steps": s.plan.galois_steps, "max_ciphertexts": s.max_ciphertexts,
+                     "describe": describe(s.params, s.plan.galois_steps),
+                     "plan": {k: v for k, v in s.plan.spec.items() if k not in ("values", "ops")}}
+                    for s in self.stages]
         return {"name": self.name, "versions": versions, "platform": "veil_he",
                 "inputs": [{"name": CIPHERTEXT, "datatype": "BYTES", "shape": [1]}],
                 "outputs": [{"name": CIPHERTEXT, "datatype": "BYTES", "shape": [1]}],
@@ -158,7 +213,8 @@ class HeModel:
                                       "max_ciphertexts": self.max_ciphertexts,
                                       "key_bundle_limit_bytes": self.key_bundle_limit,
                                       "describe": describe(self.params, self.plan.galois_steps),
-                                      "plan": client_plan},
+                                      "plan": client_plan, "rounds": len(self.stages),
+                                      "cuts": self.segmented.cuts, "segments": segments},
                                "veil": self.manifest}}
 
     async def unload(self) -> None:

@@ -5,6 +5,11 @@
     <repo>/<name>/1/plan.safetensors   its plaintext weights
     <repo>/<name>/veil.json        kind "he-plan", parameters and their hash, plan hash, key manifest, source
 
+With ``refresh=True`` (``veil export he --refresh``) a plan deeper than one 128-bit parameter set is cut
+into segments run in client-refresh rounds (:mod:`veil.he.segments`): ``<version>/segments.json`` plus a
+plan per ``segment_<k>/``, and ``veil.json`` records the segmentation (rounds, cuts, per-segment levels,
+N and why).
+
 The ONNX graph is the one ``veil export onnx`` validates against PyTorch; the plan is compiled from it, so
 plaintext and encrypted inference are the same function by construction.
 """
@@ -16,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from veil.he.compile import compile as compile_plan
 from veil.he.params import describe
+from veil.he.segments import compile_segmented
 from veil.training.checkpoint import checkpoint_hash
 from veil.training.uldnet import load_uldnet
 
@@ -36,14 +41,22 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 
 
 def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "latency", version: int = 1,
-              precision_bits: int = 20) -> dict[str, Any]:
-    """Compile a ULD-Net checkpoint into an HE plan and write it into ``repo``; returns the manifest."""
+              precision_bits: int = 20, refresh: bool = False,
+              max_poly_modulus_degree: int | None = None) -> dict[str, Any]:
+    """Compile a ULD-Net checkpoint into an HE plan and write it into ``repo``; returns the manifest.
+
+    ``refresh`` opts this model into client-refresh rounds when it is deeper than one parameter set
+    (off: such a model is refused); ``max_poly_modulus_degree`` (with ``refresh``) also cuts where a
+    segment would need a larger ring.
+    """
     if not NAME_PATTERN.match(name):
         raise ExportError(f"--name: expected letters, digits, '_', '.', '-', received {name!r}")
     model, config = load_uldnet(checkpoint)
     shape = list(config["model"]["input_shape"])
     graph = export_graph(model, (torch.randn(4, *shape),), ["x"], ["logits"], {"x": {0: "batch"}})
-    plan = compile_plan(graph.model, mode=mode, precision_bits=precision_bits)  # type: ignore[arg-type]
+    segmented = compile_segmented(graph.model, mode=mode, precision_bits=precision_bits, refresh=refresh,
+                                  max_poly_modulus_degree=max_poly_modulus_degree)
+    plan = segmented.plans[0]
     params = plan.parameters()
     manifest = {
         "format": 1, "name": name, "version": version, "kind": "he-plan", "mode": mode,
@@ -51,10 +64,18 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
         "parameters": params.to_dict(), "params_hash": params.hash(), "plan_hash": plan.hash(),
         "galois_steps": plan.galois_steps, "describe": describe(params, plan.galois_steps),
         "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
-        "export": graph.info,
+        "export": graph.info, "rounds": segmented.rounds, "cuts": segmented.cuts,
+        "segmentation": segmented.report,
+        "segments": [s | {"describe": describe(p.parameters(), p.galois_steps)}
+                     for s, p in zip(segmented.segments(), segmented.plans, strict=True)],
     }
+    if segmented.rounds > 1:  # the first round's set stays at the top; the model hash covers every segment
+        manifest |= {"plan_hash": segmented.hash(), "levels": sum(p.levels for p in segmented.plans)}
+    config_text = CONFIG.format(name=name)
+    if segmented.rounds > 1:
+        config_text = config_text.replace('default_model_filename: "plan.json"', 'default_model_filename: "segments.json"')
     with model_folder(repo, name, version) as (folder, version_folder):  # published whole, config.pbtxt included
-        plan.save(version_folder)
+        segmented.save(version_folder)
         (folder / "veil.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
-        (folder / "config.pbtxt").write_text(CONFIG.format(name=name))
+        (folder / "config.pbtxt").write_text(config_text)
     return manifest

@@ -14,6 +14,7 @@ from pathlib import Path
 
 EXAMPLE = """example:
   veil export he runs/polymlp --repo models --name digits-he --mode latency
+  veil export he runs/polycnn --repo models --name digits-cnn-he --refresh   # deep: client-refresh rounds
 """
 
 
@@ -27,6 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="latency: one image per ciphertext; throughput: up to N/2 images per call")
     parser.add_argument("--version", type=int, default=1, help="version folder (default 1)")
     parser.add_argument("--precision-bits", type=int, default=20, help="fractional bits wanted after a multiply")
+    parser.add_argument("--refresh", action="store_true",
+                        help="cut a plan deeper than one 128-bit parameter set into segments; the client decrypts "
+                             "and re-encrypts fresh between them (it learns the activations at the cuts; docs/he.md)")
+    parser.add_argument("--max-poly-modulus-degree", type=int, default=None, choices=[4096, 8192, 16384, 32768],
+                        help="with --refresh: also cut where a segment would need a larger ring N")
     return parser
 
 
@@ -34,9 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     from .he import export_he
 
     args = build_parser().parse_args(argv)
-    manifest = export_he(args.checkpoint, args.repo, args.name, args.mode, args.version, args.precision_bits)
-    print(json.dumps({k: manifest[k] for k in ("name", "mode", "levels", "parameters", "galois_steps", "plan_hash")}
-                     | {"sizes_bytes": manifest["describe"]["sizes_bytes"]}, indent=1))
+    if args.max_poly_modulus_degree and not args.refresh:
+        print("veil export he: --max-poly-modulus-degree expected only with --refresh", file=sys.stderr)
+        return 2
+    manifest = export_he(args.checkpoint, args.repo, args.name, args.mode, args.version, args.precision_bits,
+                         refresh=args.refresh, max_poly_modulus_degree=args.max_poly_modulus_degree)
+    print(json.dumps({k: manifest[k] for k in ("name", "mode", "levels", "parameters", "galois_steps", "plan_hash",
+                                               "rounds", "cuts")}
+                     | {"sizes_bytes": manifest["describe"]["sizes_bytes"], "segmentation": manifest["segmentation"]},
+                     indent=1))
     return 0
 
 

@@ -69,10 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if verb == "keygen":
         he = HeSession.model_he(args.server.rstrip("/"), args.model)
-        report = describe(CkksParameters.from_dict(he["parameters"]), he["galois_steps"])
-        print(json.dumps({"before_keygen": report}, indent=1), file=sys.stderr)  # N, chain, levels, sizes
+        segments = he.get("segments") or [he]  # a deep model: one parameter set per refresh segment
+        report = [describe(CkksParameters.from_dict(s["parameters"]), s["galois_steps"]) for s in segments]
+        print(json.dumps({"before_keygen": report[0] if len(report) == 1 else report, "rounds": len(segments)},
+                         indent=1), file=sys.stderr)  # N, chain, levels, sizes
         session = HeSession.create(args.server, args.model, args.keyring, passphrase)
-        print(json.dumps({"key_id": session.key_id, "keyring": str(args.keyring), "galois_steps": he["galois_steps"]}))
+        print(json.dumps({"key_id": session.key_id, "keyring": str(args.keyring), "galois_steps": he["galois_steps"],
+                          "key_ids": [key_id for key_id, _, _ in session.rings.values()], "rounds": len(segments)}))
         return 0
     session = HeSession.load(args.keyring, passphrase)
     if verb == "encrypt":
@@ -80,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.out, session.encrypt(x))
         print(json.dumps({"request": str(args.out), "batch": len(x), "bytes": args.out.stat().st_size}))
     elif verb == "infer":
-        write_atomic(args.out, session.infer(args.request.read_bytes()))
-        print(json.dumps({"response": str(args.out), "bytes": args.out.stat().st_size}))
+        write_atomic(args.out, session.infer(args.request.read_bytes()))  # every refresh round of a deep model
+        print(json.dumps({"response": str(args.out), "bytes": args.out.stat().st_size, "rounds": session.last_rounds}))
     else:
         y = session.decrypt(args.response.read_bytes())
         np.save(args.out, y)

@@ -5,6 +5,10 @@
     response = session.infer(request)            # POST /v2/models/digits-he/infer, binary BYTES tensor
     logits = session.decrypt(response)           # (B, 10)
 
+A deep model (``parameters.he.rounds`` > 1, see docs/he.md "Deep plans") runs in rounds: ``infer`` decrypts
+each intermediate result, re-encodes it for the next segment and sends a *fresh* encryption under that
+segment's keys (one key set per parameter set); only fresh encryptions ever go back to the server.
+
 Only the standard library talks HTTP here, so a client needs ``veil[client]`` (numpy + tenseal), not torch.
 Never send decrypted results back to the server: CKKS decryptions leak information about the secret key
 (Li–Micciancio, EUROCRYPT 2021), see docs/he.md.
@@ -14,9 +18,10 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +60,29 @@ class HeSession:
     keyring: SecretKeyring
     he: dict[str, Any]  # the model metadata's parameters.he (parameters, hashes, key manifest, plan layout)
     key_secret: str = ""  # returned by POST /v2/he/keys; the server requires it to use or delete the key set
+    # params hash -> (key id, key secret, keyring) of every parameter set a deep model's segments use
+    rings: dict[str, tuple[str, str, SecretKeyring]] = field(default_factory=dict)
+    last_rounds: list[dict[str, Any]] = field(default_factory=list)  # per round of the last infer: times, bytes
+
+    def __post_init__(self) -> None:
+        self.rings.setdefault(self.he["params_hash"], (self.key_id, self.key_secret, self.keyring))
 
     @property
     def plan(self) -> Plan:
-        return Plan(self.he["plan"], {})  # layout only: encode/decode need no weights
+        return self.layout(0)
+
+    @property
+    def segments(self) -> list[dict[str, Any]]:
+        """Per round: parameters, hashes, key manifest and layout (one entry for a one-round model)."""
+        return self.he.get("segments") or [{"index": 0, **{k: self.he[k] for k in (
+            "parameters", "params_hash", "plan_hash", "galois_steps", "plan")}}]
+
+    def layout(self, k: int) -> Plan:
+        """Segment k's slot layout only: encode/decode need no weights."""
+        return Plan(self.segments[k]["plan"], {})
+
+    def _ring(self, k: int) -> tuple[str, str, SecretKeyring]:
+        return self.rings[self.segments[k]["params_hash"]]
 
     @staticmethod
     def model_he(url: str, model: str) -> dict[str, Any]:
@@ -73,17 +97,26 @@ class HeSession:
         """Generate keys for the model's parameters and key manifest, save them, register the evaluation keys."""
         url = url.rstrip("/")
         he = cls.model_he(url, model)
-        params = CkksParameters.from_dict(he["parameters"])
-        if params.hash() != he["params_hash"]:
-            raise ServerError(f"model '{model}': params_hash expected {params.hash()}, received {he['params_hash']}")
-        keyring = SecretKeyring.generate(params, he["galois_steps"])
-        keyring.save(keyring_path, passphrase)
-        body, _ = _request(f"{url}/v2/he/keys", keyring.evaluation_keys().to_bytes(),
-                           {"Content-Type": "application/octet-stream"})
-        registered = json.loads(body)
-        session = cls(url, model, registered["key_id"], keyring, he, registered["key_secret"])
+        sets: dict[str, tuple[CkksParameters, set[int]]] = {}  # one key set per parameter set, in round order
+        for seg in he.get("segments") or [he]:
+            params = CkksParameters.from_dict(seg["parameters"])
+            if params.hash() != seg["params_hash"]:
+                raise ServerError(f"model '{model}': params_hash expected {params.hash()}, received {seg['params_hash']}")
+            sets.setdefault(seg["params_hash"], (params, set()))[1].update(seg["galois_steps"])
+        rings, files = {}, []
+        for j, (params_hash, (params, steps)) in enumerate(sets.items()):
+            keyring = SecretKeyring.generate(params, sorted(steps))
+            keyring.save(_ring_path(keyring_path, j), passphrase)
+            body, _ = _request(f"{url}/v2/he/keys", keyring.evaluation_keys().to_bytes(),
+                               {"Content-Type": "application/octet-stream"})
+            registered = json.loads(body)
+            rings[params_hash] = (registered["key_id"], registered["key_secret"], keyring)
+            files.append({"params_hash": params_hash, "key_id": registered["key_id"],
+                          "key_secret": registered["key_secret"]})
+        key_id, key_secret, keyring = next(iter(rings.values()))
+        session = cls(url, model, key_id, keyring, he, key_secret, rings)
         write_atomic(Path(f"{keyring_path}.json"), json.dumps(
-            {"url": url, "model": model, "key_id": session.key_id, "key_secret": session.key_secret, "he": he},
+            {"url": url, "model": model, "key_id": key_id, "key_secret": key_secret, "he": he, "key_sets": files},
             indent=1))
         return session
 
@@ -93,20 +126,82 @@ class HeSession:
         if not info.get("key_secret"):
             raise KeyringError(f"{keyring_path}.json: key_secret expected (the server requires it since keys have "
                               "owners), received none; run `veil he keygen` again")
+        rings = {s["params_hash"]: (s["key_id"], s["key_secret"], SecretKeyring.load(_ring_path(keyring_path, j), passphrase))
+                 for j, s in enumerate(info.get("key_sets", []))}
         return cls(info["url"], info["model"], info["key_id"], SecretKeyring.load(keyring_path, passphrase), info["he"],
-                   info["key_secret"])
+                   info["key_secret"], rings)
 
     def encrypt(self, x: np.ndarray) -> bytes:
-        """Encrypt a batch (B, *input shape) into a request envelope for this model and key."""
-        payload = self.keyring.encrypt_to_bytes(self.plan.encode_inputs(np.asarray(x)))
-        return seal_envelope(payload, kind="request", key_id=self.key_id, params_hash=self.he["params_hash"],
-                             plan_hash=self.he["plan_hash"], meta={"batch": len(x)})
+        """Encrypt a batch (B, *input shape) into the (first round's) request envelope for this model and key."""
+        return self._request_envelope(0, np.asarray(x), None)
+
+    def _request_envelope(self, k: int, x: np.ndarray, request_id: str | None) -> bytes:
+        """Round k's request: ``x`` encoded with segment k's input layout, encrypted fresh under its keys."""
+        seg, (key_id, _, ring) = self.segments[k], self._ring(k)
+        payload = ring.encrypt_to_bytes(self.layout(k).encode_inputs(x))  # new randomness, top level
+        meta: dict[str, Any] = {"batch": len(x)}
+        if len(self.segments) > 1:
+            meta |= {"round": k, "plan_hash": self.he["plan_hash"]}
+            meta |= {"key_ids": [self._ring(i)[0] for i in range(len(self.segments))]} if k == 0 else \
+                {"request_id": request_id}
+        return seal_envelope(payload, kind="request", key_id=key_id, params_hash=seg["params_hash"],
+                             plan_hash=seg["plan_hash"], meta=meta)
 
     def infer(self, envelope: bytes) -> bytes:
-        """POST the envelope as a BYTES tensor with the binary extension; returns the result envelope."""
+        """POST the envelope; for a deep model also every refresh round. Returns the final result envelope.
+
+        ``last_rounds`` then holds, per round: server, HTTP (network + queueing) and client refresh seconds,
+        and the bytes sent and received.
+        """
+        self.last_rounds = []
+        try:
+            k = open_envelope(envelope, expect_kind="request").meta.get("round", 0)
+        except HEError:
+            k = 0  # the server names what is wrong with it (400)
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(self.segments):
+            k = 0
+        while True:
+            start = time.perf_counter()
+            result = self._post(envelope, *self._ring(k)[:2])
+            http = time.perf_counter() - start
+            meta = open_envelope(result, expect_kind="result").meta
+            self.last_rounds.append({"round": k, "request_bytes": len(envelope), "result_bytes": len(result),
+                                     "server_seconds": meta.get("server_seconds"), "http_seconds": round(http, 6)})
+            if meta.get("final", True):
+                return result
+            start = time.perf_counter()
+            envelope = self._refresh(result, k)
+            self.last_rounds[-1]["refresh_seconds"] = round(time.perf_counter() - start, 6)
+            k += 1
+
+    def _refresh(self, result: bytes, k: int) -> bytes:
+        """Round k's result -> round k+1's request: decrypt, decode, re-encode, encrypt fresh (never send back
+        a decryption)."""
+        opened, vectors = self._open(result, k)
+        if opened.meta.get("final") or not opened.meta.get("request_id"):
+            raise ServerError(f"round {k} result: expected an intermediate result with a request_id, received meta "
+                              f"{ {m: opened.meta.get(m) for m in ('round', 'final', 'request_id')} }")
+        x = self.layout(k).decode_outputs(vectors, int(opened.meta.get("batch") or len(vectors)))
+        return self._request_envelope(k + 1, x, opened.meta["request_id"])
+
+    def _open(self, envelope: bytes, k: int) -> tuple[Any, list[np.ndarray]]:
+        """Open round k's result (key, parameters, plan and round checked) and decrypt it."""
+        seg, (key_id, _, ring) = self.segments[k], self._ring(k)
+        opened = open_envelope(envelope, expect_kind="result", expect_key_id=key_id,
+                               expect_params_hash=seg["params_hash"], expect_plan_hash=seg["plan_hash"])
+        if opened.meta.get("round", 0) != k:
+            raise ServerError(f"result envelope: meta.round expected {k}, received {opened.meta.get('round')!r}")
+        return opened, ring.decrypt(ciphertexts_from_bytes(ring.params, opened.payload))
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        """Encrypt, infer (all rounds) and decrypt a batch (B, *input shape) -> (B, *output shape)."""
+        return self.decrypt(self.infer(self.encrypt(x)))
+
+    def _post(self, envelope: bytes, key_id: str, key_secret: str) -> bytes:
+        """POST one envelope as a BYTES tensor with the binary extension; returns the result envelope."""
         header = json.dumps({"inputs": [{"name": "ciphertext", "shape": [1], "datatype": "BYTES",
                                          "parameters": {"binary_data_size": 4 + len(envelope)}}],
-                             "parameters": {"key_id": self.key_id, "key_secret": self.key_secret,
+                             "parameters": {"key_id": key_id, "key_secret": key_secret,
                                             "binary_data_output": True}}).encode()
         body, headers = _request(f"{self.url}/v2/models/{self.model}/infer",
                                  header + struct.pack("<I", len(envelope)) + envelope,
@@ -117,10 +212,15 @@ class HeSession:
         return body[json_length + 4: json_length + 4 + size]
 
     def decrypt(self, envelope: bytes) -> np.ndarray:
-        """Open a result envelope (checking key, parameters and plan) and decrypt it to (B, *output shape)."""
-        opened = open_envelope(envelope, expect_kind="result", expect_key_id=self.key_id,
-                               expect_params_hash=self.he["params_hash"], expect_plan_hash=self.he["plan_hash"])
-        cts = ciphertexts_from_bytes(self.keyring.params, opened.payload)
-        vectors = self.keyring.decrypt(cts)
+        """Open the final result envelope (checking key, parameters, plan, round) and decrypt it to (B, *output shape)."""
+        last = len(self.segments) - 1
+        opened, vectors = self._open(envelope, last)
+        if not opened.meta.get("final", True):
+            raise ServerError(f"result envelope: round {last} expected final, received an intermediate result")
         batch = opened.meta.get("batch") or len(vectors)
-        return self.plan.decode_outputs(vectors, int(batch))
+        return self.layout(last).decode_outputs(vectors, int(batch))
+
+
+def _ring_path(keyring_path: str | Path, j: int) -> Path:
+    """Where the j-th parameter set's keyring lives: the given path for the first, ``PATH.<j>`` after it."""
+    return Path(keyring_path) if j == 0 else Path(f"{keyring_path}.{j}")
