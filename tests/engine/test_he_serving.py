@@ -103,3 +103,108 @@ def test_refusals_keep_the_server_serving(live, tmp_path) -> None:
     assert status == 400 and "parameters.key_id" in body["error"]
     logits = session.decrypt(session.infer(request))  # still serving
     assert logits.shape == (1, 3)
+
+
+# -- issue 18 §2: plans deeper than one parameter set, in client-refresh rounds ---------------------------------
+@pytest.fixture(scope="module")
+def deep_repo(tmp_path_factory):
+    """A depth-2 PolyMLP (11 levels) exported with --refresh and N <= 16384: 2 rounds, cut after the first block."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 40)
+    x = rng.normal(size=(120, 6)).astype(np.float32)
+    x[np.arange(120), y] += 3.0
+    data = split_stratified(x, y, ["a", "b", "c"], "test")
+    result = train_uldnet(ModelConfig(arch="mlp", input_shape=[6], num_classes=3, width=8, depth=2),
+                          TrainConfig(epochs=8, warmup_epochs=2, lr=1e-2, batch_size=16), data, progress=False)
+    root = tmp_path_factory.mktemp("he-deep")
+    save_uldnet(result, root / "ck", data)
+    repo = root / "repo"
+    export_uldnet(root / "ck", repo, name="plain")
+    manifest = export_he(root / "ck", repo, "deep-he", refresh=True, max_poly_modulus_degree=16384)
+    return repo, data, manifest
+
+
+@pytest.fixture(scope="module")
+def deep_live(deep_repo, oip):
+    repo, _, _ = deep_repo
+    with oip.live_server(oip.make_config(repo)) as (url, _server):
+        yield f"http://{url}"
+
+
+def test_deep_model_runs_in_refresh_rounds_and_matches_plaintext(deep_repo, deep_live, tmp_path) -> None:
+    repo, data, manifest = deep_repo
+    assert manifest["rounds"] == 2 and manifest["segmentation"]["cuts"] == manifest["cuts"] == ["poly_act"]
+    assert "segments.json" in (repo / "deep-he" / "config.pbtxt").read_text()
+    session = HeSession.create(deep_live, "deep-he", tmp_path / "k.keyring")
+    he = session.he
+    assert he["rounds"] == 2 and [s["input"] for s in he["segments"]] == ["x", "poly_act"]
+    assert all("ops" not in s["plan"] for s in he["segments"])  # layouts only, no program or weights
+    x = data.x_test[:3]
+    logits = session.run(x)
+    expected = reference(repo, x)
+    assert np.abs(logits - expected).max() < 1e-2 and np.array_equal(logits.argmax(1), expected.argmax(1))
+    assert [r["round"] for r in session.last_rounds] == [0, 1] and session.last_rounds[0]["refresh_seconds"] > 0
+    again = HeSession.load(tmp_path / "k.keyring")  # every key set is saved and reloaded
+    np.testing.assert_allclose(again.decrypt(again.infer(again.encrypt(x))), logits, atol=1e-2)
+
+
+def test_deep_model_through_the_cli(deep_repo, deep_live, tmp_path, capsys) -> None:
+    from veil.he.cli import main
+
+    repo, data, _ = deep_repo
+    keyring = tmp_path / "c.keyring"
+    np.save(tmp_path / "x.npy", data.x_test[:2])
+    assert main(["keygen", "--server", deep_live, "--model", "deep-he", "--keyring", str(keyring)]) == 0
+    assert json.loads(capsys.readouterr().out)["rounds"] == 2
+    assert main(["encrypt", "--keyring", str(keyring), "--input", str(tmp_path / "x.npy"),
+                 "--out", str(tmp_path / "req.bin")]) == 0
+    assert main(["infer", "--keyring", str(keyring), "--request", str(tmp_path / "req.bin"),
+                 "--out", str(tmp_path / "res.bin")]) == 0
+    assert [r["round"] for r in json.loads(capsys.readouterr().out.splitlines()[-1])["rounds"]] == [0, 1]
+    assert main(["decrypt", "--keyring", str(keyring), "--response", str(tmp_path / "res.bin"),
+                 "--out", str(tmp_path / "y.npy")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), reference(repo, data.x_test[:2]), atol=1e-2)
+
+
+def _resealed(envelope: bytes, **meta) -> bytes:
+    """The same envelope with meta fields replaced (what a client could send)."""
+    from veil.he.envelope import open_envelope, seal_envelope
+
+    e = open_envelope(envelope)
+    return seal_envelope(e.payload, kind=e.kind, key_id=e.key_id, params_hash=e.params_hash, plan_hash=e.plan_hash,
+                         meta={**e.meta, **meta})
+
+
+def send(session: HeSession, envelope: bytes, k: int) -> bytes:
+    """One round only (``HeSession.infer`` would run all of them), with the key set of round ``k``."""
+    return session._post(envelope, *session._ring(k)[:2])
+
+
+def test_refresh_rounds_replayed_out_of_order_or_foreign_are_refused(deep_repo, deep_live, tmp_path) -> None:
+    from veil.he.envelope import open_envelope
+
+    _, data, _ = deep_repo
+    a = HeSession.create(deep_live, "deep-he", tmp_path / "a.keyring")
+    b = HeSession.create(deep_live, "deep-he", tmp_path / "b.keyring")
+    x = data.x_test[:1]
+    first = a.encrypt(x)
+    with pytest.raises(ServerError, match=r"HTTP 400.*meta.round"):  # a deep model needs the round fields
+        send(a, _resealed(first, round="0"), 0)
+    mid = send(a, _resealed(first, request_id="client-chosen-1"), 0)
+    assert open_envelope(mid).meta["request_id"] == "client-chosen-1" and not open_envelope(mid).meta["final"]
+    with pytest.raises(ServerError, match=r"HTTP 409.*already open"):  # round 0 replayed with the same id
+        send(a, _resealed(first, request_id="client-chosen-1"), 0)
+    second = a._refresh(mid, 0)  # round 1: decrypted, re-encoded and encrypted fresh by the client
+    with pytest.raises(ServerError, match=r"HTTP 409.*no open request"):  # a request nobody opened
+        send(a, _resealed(second, request_id="f" * 32), 1)
+    b_mid = send(b, b.encrypt(x), 0)
+    b_second = b._refresh(b_mid, 0)
+    with pytest.raises(ServerError, match=r"HTTP 409.*another request or key"):  # b's round 1 into a's request
+        send(b, _resealed(b_second, request_id="client-chosen-1"), 1)
+    with pytest.raises(ServerError, match=r"HTTP 409.*no open request"):  # a round 1 with round 0's meta
+        send(a, _resealed(second, round=1, request_id="never-issued-0"), 1)
+    final = send(a, second, 1)
+    assert open_envelope(final).meta["final"] and a.decrypt(final).shape == (1, 3)
+    with pytest.raises(ServerError, match=r"HTTP 409.*(replayed|no open request)"):  # the last round replayed
+        send(a, second, 1)
+    assert b.decrypt(send(b, b_second, 1)).shape == (1, 3)  # b's request was untouched: still serving
