@@ -165,13 +165,14 @@ async def metrics(request: Request) -> Response:
 # -- inference ------------------------------------------------------------------------------------------
 async def infer(request: Request, model: str, version: str | None = None) -> Response:
     body = await read_body(request)
-    state = request.app.state
-    decode = functools.partial(_decode, body, request.headers.get("content-encoding"),
-                               request.headers.get("inference-header-content-length"), state.max_body_bytes,
-                               getattr(state, "max_json_elements", None))
-    # a large body is decompressed and decoded (orjson, numpy) off the event loop: health probes and other
-    # clients keep being answered meanwhile; a small one costs less inline than a thread hop
-    decoded = decode() if len(body) <= INLINE_BYTES else await run_in_threadpool(decode)
+    state, encoding = request.app.state, request.headers.get("content-encoding")
+    decode = functools.partial(_decode, body, encoding, request.headers.get("inference-header-content-length"),
+                               state.max_body_bytes, getattr(state, "max_json_elements", None),
+                               getattr(state, "max_json_bytes", None))
+    # a large (or compressed) body is decompressed and decoded (orjson, numpy) off the event loop: health probes
+    # and other clients keep being answered meanwhile; a small one costs less inline than a thread hop
+    inline = len(body) <= INLINE_BYTES and encoding in (None, "identity")
+    decoded = decode() if inline else await run_in_threadpool(decode)
     result = await _plane(request).infer(model, version, decoded)
     encode = functools.partial(encode_response, result)
     large = sum(a.nbytes if a.dtype != object else a.size * 64 for a in result.outputs.values()) > INLINE_BYTES
@@ -182,11 +183,11 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
                     headers={"Inference-Header-Content-Length": str(binary_length)})
 
 
-def _decode(body: bytes, encoding: str | None, header: str | None, limit: int,
-            max_json_elements: int | None) -> InferRequest:
+def _decode(body: bytes, encoding: str | None, header: str | None, limit: int, max_json_elements: int | None,
+            max_json_bytes: int | None) -> InferRequest:
     """Content-Encoding, then the OIP body (JSON, or JSON + binary) -> InferRequest."""
     body = decompress(body, encoding, limit)
-    return decode_request(body, header_length(header, len(body)), max_json_elements)
+    return decode_request(body, header_length(header, len(body)), max_json_elements, max_json_bytes)
 
 
 # -- model repository extension (admin) -----------------------------------------------------------------

@@ -46,6 +46,7 @@ ONNX_DATATYPES: dict[str, str] = {
 _JSON_KINDS = {"BOOL": "b", "FP32": "biuf", "FP64": "biuf", "BYTES": "U"} | {
     name: "biu" for name in ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")}
 _LENGTH = struct.Struct("<I")
+_CHUNK = 65536  # top-level JSON list entries converted per numpy call
 MAX_DIMS = 32  # numpy's limit is 64 (32 before numpy 2); ONNX Runtime tensors stay far below either
 
 
@@ -147,7 +148,8 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
     return out
 
 
-def decode_request(body: bytes, json_length: int | None, max_json_elements: int | None = None) -> InferRequest:
+def decode_request(body: bytes, json_length: int | None, max_json_elements: int | None = None,
+                   max_json_bytes: int | None = None) -> InferRequest:
     """Decode a JSON-only or JSON+binary inference request body.
 
     Args:
@@ -155,12 +157,17 @@ def decode_request(body: bytes, json_length: int | None, max_json_elements: int 
         json_length: the ``Inference-Header-Content-Length`` value, None when the body is JSON only.
         max_json_elements: the most tensor elements the request may carry as JSON ``data`` (all inputs together),
             checked on the declared shapes before any conversion (None: no limit).
+        max_json_bytes: the largest JSON part, checked before parsing: orjson holds the GIL while it parses, so
+            this bounds how long one request can keep every other thread, the event loop included, waiting.
 
     Raises:
         MalformedRequest, InvalidHeaderLength, BinarySizeMismatch, ShapeMismatch, DatatypeMismatch,
-        PayloadTooLarge (``max_json_elements``).
+        PayloadTooLarge (``max_json_elements``, ``max_json_bytes``).
     """
     end = len(body) if json_length is None else json_length
+    if max_json_bytes is not None and end > max_json_bytes:
+        raise PayloadTooLarge(f"JSON part of the request: expected at most {max_json_bytes} bytes (--max-json-mb; "
+                              f"send large tensors with the binary tensor extension), received {end}")
     try:
         head = orjson.loads(body[:end])
     except orjson.JSONDecodeError as exc:
@@ -283,10 +290,15 @@ def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any
     if datatype == "FP16":
         raise DatatypeMismatch(f"input '{name}': FP16 cannot travel as JSON; send it with the binary tensor "
                                "extension (parameters.binary_data_size)")
+    if isinstance(data, list) and len(data) not in (count, shape[0] if shape else 1):
+        raise ShapeMismatch(f"input '{name}': shape {shape} needs {count} elements, data has {len(data)} "
+                            "top-level entries")
     try:
-        array = np.asarray(data)
+        array = _as_array(data)
     except ValueError:
         raise ShapeMismatch(f"input '{name}': data is a ragged nested list; expected shape {shape}") from None
+    except TypeError:  # numpy 2 cannot promote e.g. strings with numbers across chunks
+        raise DatatypeMismatch(f"input '{name}': data mixes element types; expected {datatype} elements") from None
     if array.size != count:
         raise ShapeMismatch(f"input '{name}': shape {shape} needs {count} elements, data has {array.size}")
     if array.size and array.dtype.kind not in _JSON_KINDS[datatype]:
@@ -298,6 +310,14 @@ def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any
         out[:] = [s.encode() for s in array.ravel().tolist()]
         return out.reshape(shape)
     return array.astype(DATATYPES[datatype], copy=False).reshape(shape)
+
+
+def _as_array(data: Any) -> np.ndarray:
+    """``np.asarray`` in slices of the top-level list: each call holds the GIL only that long, so the event loop
+    keeps answering while a large JSON tensor is converted in a worker thread."""
+    if not isinstance(data, list) or len(data) <= _CHUNK:
+        return np.asarray(data)
+    return np.concatenate([np.asarray(data[i:i + _CHUNK]) for i in range(0, len(data), _CHUNK)])
 
 
 # -- encode ---------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class ServerConfig(Config):
         admin_token (str | None): enables the repository API (load/unload/index) behind this bearer token.
         max_body_mb (float): largest request body accepted (413 beyond it), also once decompressed.
         max_json_elements (int): most tensor elements a request may send as JSON data (413 beyond it).
+        max_json_mb (float): largest JSON part of an inference request (413 beyond it).
         body_timeout_s (float): how long a client may take to send a request body (408 beyond it).
         log_level (str): uvicorn and veil log level.
         device (str): default execution provider for models whose instance_group kind is KIND_AUTO.
@@ -59,6 +60,8 @@ class ServerConfig(Config):
     max_body_mb: float = field(64.0, "largest request body in MiB; larger bodies get 413")
     max_json_elements: int = field(4_194_304, "most tensor elements one inference request may send as JSON data "
                                               "(all inputs together; 413 beyond; binary tensors are not counted)")
+    max_json_mb: float = field(16.0, "largest JSON part of an inference request in MiB (413 beyond; parsing it "
+                                     "holds the GIL, so this bounds how long one request can stall the others)")
     body_timeout_s: float = field(60.0, "seconds a client may take to send a request body (408 beyond)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = field("info", "log level")
     device: Literal["auto", "cpu", "cuda"] = field(
@@ -80,9 +83,9 @@ class ServerConfig(Config):
             raise ConfigError("ServerConfig.repo: expected a model repository folder (--repo DIR), received ''")
         if self.max_body_mb <= 0:
             raise ConfigError(f"ServerConfig.max_body_mb: expected > 0, received {self.max_body_mb}")
-        if self.max_json_elements < 1 or self.body_timeout_s <= 0:
-            raise ConfigError(f"ServerConfig: expected max_json_elements >= 1 and body_timeout_s > 0, received "
-                              f"{self.max_json_elements} and {self.body_timeout_s}")
+        if self.max_json_elements < 1 or self.max_json_mb <= 0 or self.body_timeout_s <= 0:
+            raise ConfigError(f"ServerConfig: expected max_json_elements >= 1, max_json_mb > 0 and body_timeout_s > 0, "
+                              f"received {self.max_json_elements}, {self.max_json_mb} and {self.body_timeout_s}")
         if self.he_key_cache < 0 or self.he_keys_per_source < 1:
             raise ConfigError(f"ServerConfig: expected he_key_cache >= 0 and he_keys_per_source >= 1, received "
                               f"{self.he_key_cache} and {self.he_keys_per_source}")
@@ -126,6 +129,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.state.admin_token = config.admin_token
     app.state.max_body_bytes = int(config.max_body_mb * 2**20)
     app.state.max_json_elements, app.state.body_timeout_s = config.max_json_elements, config.body_timeout_s
+    app.state.max_json_bytes = int(config.max_json_mb * 2**20)
     add_routes(app)
     add_exception_handlers(app)
     return app
