@@ -161,16 +161,29 @@ def _lower(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str, np.n
         return
     if node.op_type in ("Add", "Sub") and len(dynamic) == 2:
         a, b = tensors[node.input[0]], tensors[node.input[1]]
-        if a.shape != b.shape:
-            raise CompileError(f"node {name!r} ({node.op_type}): expected equal shapes, received {a.shape} and {b.shape}")
+        try:
+            shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+        except ValueError:
+            raise CompileError(f"node {name!r} ({node.op_type}): expected broadcastable shapes, received {a.shape} "
+                               f"and {b.shape}") from None
         sign = -1.0 if node.op_type == "Sub" else 1.0
-        tensors[node.output[0]] = a.plus(b.then(sign * np.eye(b.features), np.zeros(b.features), b.shape))
+        tensors[node.output[0]] = _broadcast(a, shape, 1.0).plus(_broadcast(b, shape, sign))
         return
     if node.op_type not in AFFINE_OPS or len(dynamic) != 1 or (node.op_type == "Div" and node.input[1] in tensors):
         hint = HINTS.get(node.op_type, "only polynomial ops (affine maps, products, veil.PolyNorm, veil.PolyAct)")
         raise CompileError(f"node {name!r} ({node.domain + '.' if node.domain else ''}{node.op_type}) is not "
                            f"supported in encrypted inference: {hint}. Train with `veil train uldnet`.")
     tensors[node.output[0]] = _affine_node(node, name, tensors[dynamic[0]], dynamic[0], consts, opsets)
+
+
+def _broadcast(x: Affine, shape: tuple[int, ...], gain: float) -> Affine:
+    """``gain * x`` broadcast (numpy rules) to ``shape``: a (y - mean(y)) reads the mean for every feature."""
+    if x.shape == shape and gain == 1.0:
+        return x
+    source = np.broadcast_to(np.arange(x.features).reshape(x.shape), shape).reshape(-1)
+    matrix = np.zeros((len(source), x.features))
+    matrix[np.arange(len(source)), source] = gain
+    return x.then(matrix, np.zeros(len(source)), shape)
 
 
 def _is_product(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str, np.ndarray]) -> bool:

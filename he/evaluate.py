@@ -169,11 +169,12 @@ class PlanEvaluator:
             out = Ct()
             ev.add_plain(chain.at(xs[0], level), encoded, out)
             return [out]
-        x = chain.at(xs[0], level - 1)  # sumsq: square, block sum over the window, minus the mean's square
+        x = chain.at(xs[0], level - 1)  # sumsq: square, block sum over the window, minus n mean^2
         total = self._block_sum(chain.product(x, x, keys.relin), op["window"], keys.galois)
         if len(xs) == 2:
             mean = chain.at(xs[1], level - 1)
-            ev.sub_inplace(total, chain.product(mean, mean, keys.relin))
+            ev.sub_inplace(total, _times(ev, chain.product(mean, mean, keys.relin),
+                                         self.plan.spec["values"][op["inputs"][0]]["features"]))
         return [total]
 
     def rotate(self, ct: Ct, step: int, galois: sa.GaloisKeys) -> Ct:
@@ -245,6 +246,24 @@ class PlanEvaluator:
             total = _accumulate(ev, total, sq)
         ev.relinearize_inplace(total, keys.relin)
         return [[chain.rescale(total)]]
+
+
+def _times(ev: sa.Evaluator, ct: Ct, n: int) -> Ct:
+    """``n * ct`` for an integer n >= 1 by doubling and adding (exact: no plaintext, no level)."""
+    result, power = None, ct
+    while True:
+        if n & 1:
+            result = power if result is None else _sum(ev, result, power)
+        n >>= 1
+        if not n:
+            return result
+        power = _sum(ev, power, power)
+
+
+def _sum(ev: sa.Evaluator, a: Ct, b: Ct) -> Ct:
+    out = Ct()
+    ev.add(a, b, out)
+    return out
 
 
 def _accumulate(ev: sa.Evaluator, total: Ct | None, term: Ct) -> Ct:

@@ -6,7 +6,8 @@ chosen among a few candidates by the rotations it costs (:func:`veil.he.packing.
 - *in place* on the input's spatial grid: output (co, i, j) at ``co S + g s (i W0 + j)`` for a stride s
   (1, 2, 4, ...; a strided convolution or a pooling), so the gap g of he.md §7.2 is multiplied by s and the
   next layer's taps rotate by ``g s (di W0 + dj)``; a global pooling (s = H) leaves channel co at ``co S``;
-- *compact* ``0 .. F - 1`` (a dense layer);
+- *compact* ``0 .. F - 1`` (a dense layer; for a (C, H, W) output a new dense base grid, which repacks a
+  strided layer's output inside its own masks at no extra cost);
 - *channel-strided* ``r S`` (a dense head over a channel-multiplexed input: offsets (c - r) S + pixel).
 
 Elementwise ops keep their input's layout; operands of a product or a sum share one (a union-find over
@@ -79,18 +80,19 @@ def in_place(grid: Grid, shape: tuple[int, ...], stride: int) -> Layout | None:
 
 
 def candidates(shape: tuple[int, ...], inputs: list[Layout]) -> list[Layout]:
-    """In-place (by stride), compact and channel-strided layouts for an output of ``shape``."""
+    """In-place (on each input grid, by stride), compact and channel-strided layouts for ``shape``."""
     features = math.prod(shape)
-    grid = next((x.grid for x in inputs if x.grid is not None), None)
+    grids = list(dict.fromkeys(x.grid for x in inputs if x.grid is not None))
     found: list[Layout] = []
-    if grid is not None and len(shape) == 3:
+    for grid in grids if len(shape) == 3 else []:
         stride = 1
         while stride <= max(grid.rows, grid.row):
             layout = in_place(grid, shape, stride)
             if layout is not None:
                 found.append(layout)
             stride *= 2
-    found.append(Layout(np.arange(features, dtype=np.int64)))
+    found.append(natural(shape))  # compact: a new base grid when spatial (a repack inside this op's masks)
+    grid = grids[0] if grids else None
     if grid is not None and features > 1:
         extent = max(int(x.positions.max()) + 1 for x in inputs)
         if features * grid.channel_stride <= 2 * extent:
@@ -210,8 +212,8 @@ def _plan_linear(index: int, op: dict[str, Any], builder, layouts: dict[str, Lay
             matrix = tensors[name]
             if one:
                 sparse, w = np.zeros_like(matrix), matrix[0]
-            else:
-                sparse, w = split_background(matrix, out not in clean)
+            else:  # a broadcast input is read in place: its column never needs a block sum
+                sparse, w = split_background(matrix, out not in clean and not inputs[len(terms[-1])].broadcast)
             r, c = np.nonzero(sparse)
             terms[-1].append((r, c, sparse[r, c]))
             broadcast[-1].append(w if w is not None and np.any(w) else None)
@@ -242,7 +244,8 @@ def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any]
         for i, (r, c, _) in enumerate(row):
             if not len(r):
                 continue
-            d = np.unique(inputs[i].positions[c] - (layout.positions[r] if values[out]["features"] > 1 else 0))
+            rows = layout.positions[r] if values[out]["features"] > 1 else np.zeros(len(r), dtype=np.int64)
+            d = np.unique(_sources(inputs[i], c, rows) - rows)
             per_input[i].append(d)
             deltas.append(d)
         per_output.append(np.unique(np.concatenate(deltas)) if deltas else np.zeros(0, dtype=np.int64))
@@ -250,6 +253,11 @@ def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any]
     strides |= {g.gap * g.row for g in [x.grid for x in inputs] if g}
     flat = [np.unique(np.concatenate(d)) if d else np.zeros(0, dtype=np.int64) for d in per_input]
     return best_split(flat, per_output, strides)
+
+
+def _sources(layout: Layout, columns: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The slots an op reads its input's features from: their positions; a broadcast value is read in place."""
+    return rows if layout.broadcast else layout.positions[columns]
 
 
 def _materialize(builder, ops: list[dict[str, Any]], plans: list[dict[str, Any]], layouts: dict[str, Layout],
@@ -303,7 +311,7 @@ def _pack_linear(op, plan, layouts, period, tensor, place, builder) -> dict[str,
                 diagonals[-1].append(None)
                 continue
             rows = out_positions[r] if out_positions is not None else np.zeros(len(r), dtype=np.int64)
-            deltas = inputs[i].positions[c] - rows
+            deltas = _sources(inputs[i], c, rows) - rows
             offsets, inverse = np.unique(deltas, return_inverse=True)
             masks = np.zeros((len(offsets), period))
             np.add.at(masks, (inverse, rows), vals)

@@ -7,8 +7,8 @@ product are pushed into the producer of a value (a *twin*, see :meth:`Builder.tw
 a plaintext multiply. Costs after the input's linear op (he.md §1.7):
 
     PolyNorm          3 levels: s^2 summed, (sqrt(a) mu v - sqrt(a) b)^2, (x - E[x]) * g; gain and bias stay pending
-                      (latency plans sum the squares of the uncentred s and subtract n E[s]^2, so that the
-                      centring never has to be exact outside the features' slots; see veil.he.layout)
+                      (latency plans never build the dense centring matrix: with s = kappa x and the broadcast
+                      m = -kappa E[x], sum (kappa d)^2 = sum s^2 - n m^2 and kappa d g = s g + m g)
     PolyAct degree 1  0 levels  (leading coefficient folded into the producer)
     PolyAct degree 2  1 level   y * (q2 y + q1) + q0, with q2 y a twin of y
     PolyAct degree 3  2 levels  y^2 * (q3 y + q2) + (q1 y + q0)
@@ -135,7 +135,7 @@ class Builder:
                           const=self.tensor(np.atleast_1d(const)))
 
     def sumsq(self, a: str, node: str, mean: str | None = None) -> str:
-        """``sum_j a_j^2`` (minus ``mean^2`` when given: a one-feature value at a's level), 1 level."""
+        """``sum_j a_j^2`` (minus ``n mean^2`` when given: a one-feature value at a's level; n = a's features)."""
         return self._emit("sumsq", [a] if mean is None else [a, mean], 1, self.level(a) + 1, node)
 
     # -- folding --------------------------------------------------------------------------------------
@@ -143,11 +143,14 @@ class Builder:
         """A value equal to ``gain * value`` (elementwise) at the same level where possible.
 
         linear: one more output of the same op; mul: the twin of its non-broadcast factor times the other;
-        add / add_const: twins of the summands. Anything else pays a diagonal linear op (1 level).
+        add / add_const: twins of the summands. Anything else pays a diagonal linear op (1 level). In latency
+        plans a per-feature copy of a broadcast value is such a diagonal op (one mask, no rotation), taken on
+        the lower-level factor of a product of two broadcast values so that it costs no level.
         """
         op = self.producer.get(value)
         kind = op["op"] if op else "input"
-        if kind == "linear":
+        spread = self.values[value]["features"] == 1 and len(gain) > 1
+        if kind == "linear" and not (self.latency and spread):
             k = op["outputs"].index(value)
             weights = [self.tensor(gain[:, None] * self.tensors[t]) for t in op["weights"][k]]
             out = self.new_value(len(gain), op["level"], self.shape(value))
@@ -158,7 +161,7 @@ class Builder:
             return out
         if kind == "mul":
             a, b = op["inputs"]
-            if self.values[a]["features"] == 1:
+            if self.values[a]["features"] == 1 and (self.values[b]["features"] > 1 or self.level(b) < self.level(a)):
                 a, b = b, a
             return self.mul(self.twin(a, gain, node), b, node)
         if kind == "add":
@@ -166,7 +169,8 @@ class Builder:
         if kind == "add_const" and self.values[op["inputs"][0]]["features"] == len(gain):
             return self.add_const(self.twin(op["inputs"][0], gain, node), gain * self.tensors[op["const"]], node)
         n = len(gain)
-        return self.linear(Affine({value: np.diag(gain)}, np.zeros(n), self.shape(value)), node)
+        matrix = gain[:, None] if self.values[value]["features"] == 1 else np.diag(gain)
+        return self.linear(Affine({value: matrix}, np.zeros(n), self.shape(value) if not spread else (n,)), node)
 
     def polynorm(self, expr: Affine, weight: np.ndarray, bias: np.ndarray, attrs: dict[str, float],
                  node: str) -> Affine:
@@ -176,20 +180,22 @@ class Builder:
             raise ValueError(f"PolyNorm node {node!r}: expected a > 0 and running_var > 0, received a={a}, "
                              f"running_var={rv}")
         n = expr.features
-        centre = np.eye(n) - np.full((n, n), 1.0 / n)  # x - E[x]
-        d = self.linear(expr.then(centre, np.zeros(n), expr.shape), node)
         kappa = math.sqrt(math.sqrt(a) * mu / (n * rv))  # sum (kappa d)^2 = sqrt(a) mu Var / Var_bar
-        if self.latency:  # sum (kappa d)^2 = sum (kappa z)^2 - (sqrt(n) kappa E[z])^2, z = expr uncentred
-            mean = np.full((1, n), math.sqrt(n) * kappa / n)
-            s = self.extra_output(d, expr.then(np.eye(n) * kappa, np.zeros(n), expr.shape))
-            u = self.sumsq(s, node, self.extra_output(d, expr.then(mean, np.zeros(1), (1,))))
+        if self.latency:  # s = kappa x, m = -kappa E[x]: sum (kappa d)^2 = sum s^2 - n m^2, kappa d = s + m
+            s = self.linear(expr.then(np.eye(n) * kappa, np.zeros(n), expr.shape), node)
+            m = self.extra_output(s, expr.then(np.full((1, n), -kappa / n), np.zeros(1), (1,)))
+            u = self.sumsq(s, node, m)
         else:
+            centre = np.eye(n) - np.full((n, n), 1.0 / n)  # x - E[x]
+            d = self.linear(expr.then(centre, np.zeros(n), expr.shape), node)
             u = self.sumsq(self.twin(d, np.full(n, kappa), node), node)
         t = self.add_const(u, np.array([-math.sqrt(a) * b]), node)  # sqrt(a) (mu v - b)
         g = self.add_const(self.mul(t, t, node), np.array([c]), node)  # a (mu v - b)^2 + c
-        y = self.mul(d, g, node)
         gain = math.sqrt(mu / rv) * weight
-        return Affine({y: np.diag(gain)}, bias.astype(np.float64), expr.shape)
+        if self.latency:  # kappa d g, the 1 / kappa pending
+            return Affine({self.add(self.mul(s, g, node), self.mul(m, g, node), node): np.diag(gain / kappa)},
+                          bias.astype(np.float64), expr.shape)
+        return Affine({self.mul(d, g, node): np.diag(gain)}, bias.astype(np.float64), expr.shape)
 
     def polyact(self, expr: Affine, coeffs: np.ndarray, node: str) -> str:
         """sum_i coeffs[i] * x^i elementwise; coeffs (n + 1, F). A pending diagonal affine folds in."""

@@ -8,7 +8,7 @@ per feature). Its ops, in topological order:
     mul        output = inputs[0] * inputs[1]                                (1 level, ct x ct)
     add        output = inputs[0] + inputs[1]                                (0 levels)
     add_const  output = inputs[0] + const                                   (0 levels)
-    sumsq      output = sum_j inputs[0][j]^2 (- inputs[1]^2), one value shared by every feature (1 level)
+    sumsq      output = sum_j inputs[0][j]^2 (- n inputs[1]^2, n = features), one value for every feature (1 level)
 
 A value has ``features`` (1 = broadcast: the same number for every feature), its ``shape`` and the
 ``level`` (rescalings consumed) it is produced at. Throughput linear ops hold dense ``weights`` (out, in);

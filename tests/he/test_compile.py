@@ -167,7 +167,8 @@ def simulate_slots(plan: Plan, x: np.ndarray, uses: list[int] | None = None) -> 
         elif op["op"] == "add_const":
             outs = [xs[0] + tile(plan.tensors[op["const"]], slots)]
         else:  # sumsq
-            outs = [spread(xs[0] ** 2, op["window"]) - (xs[1] ** 2 if len(xs) == 2 else 0)]
+            n = plan.spec["values"][op["inputs"][0]]["features"]
+            outs = [spread(xs[0] ** 2, op["window"]) - (n * xs[1] ** 2 if len(xs) == 2 else 0)]
         values.update(zip(op["outputs"], outs, strict=True))
     return plan.decode_outputs(list(values[plan.spec["outputs"][0]["value"]]), len(x))
 

@@ -1,0 +1,279 @@
+"""Encrypted CNNs (issue 17): convolutions lowered to masked rotations on channel-multiplexed layouts.
+
+Every conv variant runs encrypted against ONNX Runtime at small N (TOLERANCE as in test_evaluate.py);
+several images share a ciphertext and give the same results as one at a time; the key manifest is exactly
+the set of rotations the evaluator performs (recorded on SEAL's evaluator), in "exact" and "pow2" modes;
+strided layers keep their outputs in place with the gap recorded; a convolution's rotation count is about
+k^2 + C, far below the dense Halevi-Shoup count of the same layer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from veil.export import export_graph
+from veil.he.compile import compile
+from veil.he.errors import ParameterError
+from veil.he.evaluate import PlanEvaluator
+from veil.he.keys import SecretKeyring
+from veil.he.packing import decompose, key_manifest, naf, residue
+from veil.he.plan import Plan
+from veil.training.uldnet import ModelConfig, PolyCNN, PolyNorm, PolyNormConfig
+
+_SPEC = importlib.util.spec_from_file_location("he_test_compile", Path(__file__).with_name("test_compile.py"))
+_MODELS = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_MODELS)
+ort_run, poly_act, simulate = _MODELS.ort_run, _MODELS.poly_act, _MODELS.simulate
+TOLERANCE = 1e-2
+
+
+class Block(nn.Module):
+    """conv -> act -> conv, plus the identity shortcut, then act: a ResNet block's residual add."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1, self.act1 = nn.Conv2d(c, c, 3, padding=1), poly_act(c, 2, channel_dim=1)
+        self.conv2, self.act2 = nn.Conv2d(c, c, 3, padding=1), poly_act(c, 2, channel_dim=1)
+
+    def forward(self, x):  # (B, C, H, W) -> (B, C, H, W)
+        return self.act2(self.conv2(self.act1(self.conv1(x))) + x)
+
+
+class Centred(nn.Module):
+    """conv, minus its mean over every feature (an explicit ReduceMean), PolyAct, head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.act, self.head = nn.Conv2d(1, 4, 3, padding=1), poly_act(4, 2, channel_dim=1), nn.Linear(256, 10)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.head(self.act(y - y.mean(dim=(1, 2, 3), keepdim=True)).flatten(1))
+
+
+def act(c: int) -> nn.Module:
+    return poly_act(c, 2, channel_dim=1)
+
+
+def norm(c: int) -> PolyNorm:
+    layer = PolyNorm(c, PolyNormConfig(), layout="channels")
+    layer.running_var.fill_(0.5)
+    return layer
+
+
+def build(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    gap = [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10)]
+    models = {
+        "k1": lambda: [nn.Conv2d(1, 4, 1), act(4), nn.Flatten(), nn.Linear(256, 10)],
+        "k3_1-4-8_gap": lambda: [nn.Conv2d(1, 4, 3, padding=1), act(4), nn.Conv2d(4, 8, 3, padding=1), *gap],
+        "k5_pad0": lambda: [nn.Conv2d(1, 4, 5), act(4), nn.Flatten(), nn.Linear(64, 10)],
+        "k3_stride2": lambda: [nn.Conv2d(1, 4, 3, stride=2, padding=1), act(4), nn.Conv2d(4, 8, 3, padding=1),
+                               act(8), nn.Flatten(), nn.Linear(128, 10)],
+        "avgpool": lambda: [nn.Conv2d(1, 4, 3, padding=1), act(4), nn.AvgPool2d(2), nn.Conv2d(4, 8, 3, padding=1),
+                            act(8), *gap],
+        "residual": lambda: [nn.Conv2d(1, 4, 3, padding=1), act(4), Block(4), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(4, 10)],
+        "polynorm": lambda: [nn.Conv2d(1, 4, 3, padding=1), norm(4), act(4), nn.Conv2d(4, 8, 3, padding=1), *gap],
+        "centred": lambda: [Centred()],
+        "conv_pair": lambda: [nn.Conv2d(1, 4, 3, padding=1), act(4), nn.Conv2d(4, 8, 3, padding=1), act(8), *gap],
+    }
+    return nn.Sequential(*models[name]())
+
+
+_CACHE: dict[str, object] = {}
+
+
+def exported(name: str):
+    if name not in _CACHE:
+        _CACHE[name] = export_graph(build(name).eval(), (torch.randn(4, 1, 8, 8),), ["x"], ["logits"],
+                                    {"x": {0: "batch"}}).model
+    return _CACHE[name]
+
+
+class Recorder:
+    """SEAL's evaluator with every rotation step recorded (what the key manifest must cover, exactly)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.steps = inner, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def rotate_vector(self, ct, step, keys, out) -> None:
+        self.steps.append(step)
+        self.inner.rotate_vector(ct, step, keys, out)
+
+
+def encrypted(plan: Plan, x: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Encrypt with keys for the manifest only, evaluate, decrypt: outputs and the rotation steps taken."""
+    params = plan.parameters()
+    ring = SecretKeyring.generate(params, plan.galois_steps)
+    evaluator = PlanEvaluator(plan, params)
+    evaluator.chain.evaluator = recorder = Recorder(evaluator.chain.evaluator)
+    out = evaluator.run(ring.encrypt(plan.encode_inputs(x)), ring.evaluation_keys())
+    return plan.decode_outputs(ring.decrypt(out), len(x)), recorder.steps
+
+
+NAMES = ["k1", "k3_1-4-8_gap", "k5_pad0", "k3_stride2", "avgpool", "residual", "polynorm", "centred"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_slot_program_matches_onnx_runtime(name: str) -> None:
+    # the latency slot program (masks, rotations, block sums) in float64, no encryption: seconds for all
+    model = exported(name)
+    x = np.random.default_rng(1).normal(size=(3, 1, 8, 8))
+    np.testing.assert_allclose(simulate(compile(model, mode="latency"), x), ort_run(model, x), atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_encrypted_conv_matches_onnx_runtime(name: str) -> None:
+    model = exported(name)
+    plan = compile(model, mode="latency")
+    x = np.random.default_rng(3).normal(size=(2, 1, 8, 8))
+    reference = ort_run(model, x)
+    assert np.abs(reference).max() > 0.1
+    out, steps = encrypted(plan, x)
+    np.testing.assert_allclose(out, reference, atol=TOLERANCE, rtol=0)
+    assert sorted(set(steps)) == plan.galois_steps  # every manifest key used, no other
+    assert len(steps) == plan.spec["rotations"]["rotations"] * plan.ciphertexts_for(len(x))
+
+
+def test_images_share_a_ciphertext_and_match_one_at_a_time() -> None:
+    model = exported("k3_stride2")
+    plan = compile(model, mode="latency")
+    x = np.random.default_rng(5).normal(size=(5, 1, 8, 8))
+    assert plan.batch_capacity >= 5 and plan.ciphertexts_for(5) == 1
+    together, _ = encrypted(plan, x)
+    alone = np.concatenate([encrypted(plan, x[i: i + 1])[0] for i in range(len(x))])
+    np.testing.assert_allclose(together, alone, atol=TOLERANCE / 2, rtol=0)
+    np.testing.assert_allclose(together, ort_run(model, x), atol=TOLERANCE, rtol=0)
+
+
+def test_a_batch_beyond_capacity_takes_more_ciphertexts() -> None:
+    model = exported("polynorm")  # block sums (PolyNorm) across several ciphertexts, no encryption
+    plan = compile(model, mode="latency")
+    batch = plan.batch_capacity + 3
+    x = np.random.default_rng(6).normal(size=(batch, 1, 8, 8))
+    assert len(plan.encode_inputs(x)) == plan.ciphertexts_for(batch) == 2
+    np.testing.assert_allclose(simulate(plan, x), ort_run(model, x), atol=2e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="expects 2 vectors"):
+        plan.decode_outputs(plan.encode_inputs(x)[:1], batch)
+
+
+def test_pow2_keys_only_run_with_power_of_two_rotations() -> None:
+    model = exported("k3_1-4-8_gap")
+    exact, pow2 = compile(model, mode="latency"), compile(model, mode="latency", rotation_keys="pow2")
+    assert all(abs(s) & (abs(s) - 1) == 0 for s in pow2.galois_steps)
+    assert len(pow2.galois_steps) < len(exact.galois_steps)
+    assert pow2.spec["rotations"]["rotations"] == exact.spec["rotations"]["rotations"]
+    assert pow2.spec["rotations"]["key_switches"] > exact.spec["rotations"]["key_switches"]
+    x = np.random.default_rng(7).normal(size=(2, 1, 8, 8))
+    out, steps = encrypted(pow2, x)
+    np.testing.assert_allclose(out, ort_run(model, x), atol=TOLERANCE, rtol=0)
+    assert sorted(set(steps)) == pow2.galois_steps
+    assert len(steps) == pow2.spec["rotations"]["key_switches"]
+
+
+def test_budget_keys_sit_between_exact_and_pow2() -> None:
+    model = exported("k3_1-4-8_gap")
+    plans = {k: compile(model, mode="latency", rotation_keys=k) for k in ("exact", "pow2", "budget:0", "budget:6",
+                                                                          "budget:1000")}
+    assert plans["budget:0"].galois_steps == plans["pow2"].galois_steps
+    assert plans["budget:1000"].galois_steps == plans["exact"].galois_steps
+    switches = {k: p.spec["rotations"]["key_switches"] for k, p in plans.items()}
+    assert switches["exact"] <= switches["budget:6"] <= switches["pow2"]
+    with pytest.raises(Exception, match="rotation_keys"):
+        compile(model, mode="latency", rotation_keys="budget:x")
+
+
+def test_naf_and_decompose() -> None:
+    slots = 4096
+    for n in range(1, 3000, 7):
+        digits = naf(n)
+        assert sum(digits) == n and all(abs(d) & (abs(d) - 1) == 0 for d in digits)
+        powers = sorted(int(math.log2(abs(d))) for d in digits)
+        assert all(b - a >= 2 for a, b in itertools.pairwise(powers))  # non-adjacent
+    keys = set(key_manifest(Counter({-9: 3, 100: 1}), "pow2", slots))
+    assert sum(decompose(-9, keys, slots)) % slots == -9 % slots and sum(decompose(100, keys, slots)) == 100
+    with pytest.raises(ValueError, match="not in the manifest"):
+        decompose(3, {1}, slots)
+
+
+def test_strided_layers_keep_outputs_in_place_with_the_gap() -> None:
+    plan = compile(exported("k3_stride2"), mode="latency")
+    linear = [op for op in plan.ops if op["op"] == "linear"]
+    first, second = (plan.spec["values"][op["outputs"][0]] for op in linear[:2])
+    assert first["grid"] == {"channels": 4, "height": 4, "width": 4, "channel_stride": 64, "gap": 2, "row": 8,
+                             "rows": 8}
+    c, i, j = np.meshgrid(range(4), range(4), range(4), indexing="ij")
+    assert first["positions"] == (c * 64 + 2 * (i * 8 + j)).reshape(-1).tolist()
+    assert second["grid"]["gap"] == 2 and second["grid"]["channels"] == 8
+    # the second conv's taps on the gap-2 grid: offsets modulo the channel stride are 2 (di W0 + dj)
+    taps = {int(t) for part in linear[1]["diagonals"][0] for t in residue(np.array(part["offsets"]), 64, True)}
+    assert taps == {2 * (a * 8 + b) for a in (-1, 0, 1) for b in (-1, 0, 1)}
+    for value in plan.spec["values"].values():  # every grid's positions follow its bookkeeping
+        if "grid" in value:
+            g = value["grid"]
+            c, i, j = np.meshgrid(range(g["channels"]), range(g["height"]), range(g["width"]), indexing="ij")
+            expected = c * g["channel_stride"] + g["gap"] * (i * g["row"] + j)
+            assert value["positions"] == expected.reshape(-1).tolist()
+
+
+def dense_bsgs_rotations(matrices: list[np.ndarray]) -> int:
+    """Rotations of the replicated Halevi-Shoup layout this compiler used before for one op's outputs
+    (period D, 2^ceil(log2 sqrt D) baby steps shared by the outputs, giant steps per output)."""
+    period = 1 << math.ceil(math.log2(max(max(m.shape) for m in matrices)))
+    b = 1 << math.ceil(math.log2(math.isqrt(period - 1) + 1))
+    rows, babies, giants = np.arange(period), set(), 0
+    for matrix in matrices:
+        padded = np.zeros((period, period))
+        padded[: matrix.shape[0], : matrix.shape[1]] = matrix
+        table = padded[rows[None, :], (rows[None, :] + rows[:, None]) % period]  # (i, j) -> A[j, (j + i) % D]
+        nonzero = np.flatnonzero(np.any(table != 0, axis=1))
+        babies |= set((nonzero % b).tolist())
+        giants += np.count_nonzero(np.unique(nonzero // b))
+    return len(babies - {0}) + giants
+
+
+def test_conv_rotations_are_about_taps_plus_channels() -> None:
+    # the 4 -> 8 channel 3 x 3 conv (with its PolyAct twin: 2 outputs): k^2 - 1 babies shared by the
+    # outputs + (C_in + C_out - 2) giants per output, against the dense layout's ~2 sqrt(D) per output
+    model = exported("conv_pair")
+    latency, throughput = compile(model, mode="latency"), compile(model, mode="throughput")
+    conv = [op for op in latency.ops if op["op"] == "linear"][1]
+    dense = [op for op in throughput.ops if op["op"] == "linear"][1]
+    outputs = sum(1 for v in conv["outputs"] if latency.spec["values"][v]["features"] > 1)
+    rotations = sum(map(len, conv["baby_steps"])) + sum(map(len, conv["giant_steps"]))
+    before = dense_bsgs_rotations([throughput.tensors[w[0]] for w in dense["weights"]])
+    assert outputs == 2 and rotations <= 8 + outputs * (4 + 8 - 2) < before
+
+
+def test_too_deep_cnn_refusal_names_nodes_and_levels() -> None:
+    torch.manual_seed(0)
+    model = PolyCNN(ModelConfig(arch="cnn", input_shape=[1, 8, 8], width=4, depth=1)).eval()
+    graph = export_graph(model, (torch.randn(4, 1, 8, 8),), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    with pytest.raises(ParameterError, match=r"needs 2\d levels \(.*node_poly_norm\w* -> \d+.*output -> 2\d\)"):
+        compile(graph, mode="latency")
+
+
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_polycnn_compiles_in_both_modes(mode: str) -> None:
+    # a shallow ULD-Net PolyCNN (stem, one block, GAP, head; PolyNorm and PolyAct), plaintext slot program
+    torch.manual_seed(0)
+    model = PolyCNN(ModelConfig(arch="cnn", input_shape=[1, 8, 8], width=2, depth=0))
+    model.train()
+    with torch.no_grad():
+        model(torch.randn(32, 1, 8, 8))  # PolyNorm running variances
+    graph = export_graph(model.eval(), (torch.randn(4, 1, 8, 8),), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    plan = compile(graph, mode=mode)
+    x = np.random.default_rng(2).normal(size=(3, 1, 8, 8))
+    np.testing.assert_allclose(simulate(plan, x), ort_run(graph, x), atol=5e-4, rtol=1e-3)
