@@ -213,3 +213,26 @@ def test_round_book_is_bounded_by_ttl_and_per_owner() -> None:
     assert book.pending() == 0
     single = RoundBook(1)
     assert single.begin({}, "a").final and single.pending() == 0  # one round: nothing to bind
+
+
+@pytest.mark.slow
+def test_encrypted_polycnn_with_refresh_matches_onnx_runtime() -> None:
+    """The 28-level PolyCNN at N <= 16384: segments evaluated on ciphertexts, the client refreshing between them."""
+    from veil.he.evaluate import PlanEvaluator
+    from veil.he.keys import SecretKeyring
+    from veil.training.uldnet import load_digits_preset
+
+    model = exported("cnn")
+    plan = compile_segmented(model, precision_bits=12, refresh=True, max_poly_modulus_degree=16384)
+    assert plan.rounds >= 2 and all(p.parameters().poly_modulus_degree <= 16384 for p in plan.plans)
+    x = load_digits_preset().x_test[:3].astype(np.float64)
+    y = x
+    for p in plan.plans:  # one round each: fresh encryption under this segment's keys, server, decrypt
+        params = p.parameters()
+        ring = SecretKeyring.generate(params, p.galois_steps)
+        out = PlanEvaluator(p, params).run(ring.encrypt(p.encode_inputs(y)), ring.evaluation_keys())
+        y = p.decode_outputs(ring.decrypt(out), len(x))
+    expected = ort_run(model, x)
+    scale = np.abs(expected).max()
+    assert np.abs(y - expected).max() < 0.02 * scale, (y, expected)
+    assert np.array_equal(y.argmax(1), expected.argmax(1))
