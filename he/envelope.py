@@ -37,7 +37,10 @@ class Envelope:
         key_id (str): the key store id of the evaluation keys the payload is encrypted for.
         params_hash (str): :meth:`CkksParameters.hash` of the payload's parameters.
         plan_hash (str): hash of the compiled HE plan (model) the payload is meant for.
-        meta (dict): free JSON metadata (shapes, request id); never key material.
+        meta (dict): free JSON metadata, never key material: ``batch``; for a model run in refresh rounds
+            (:mod:`veil.he.segments`) a request's ``round``, ``plan_hash`` (the combined hash), ``key_ids``
+            (round 0) or ``request_id`` (later rounds), and a result's ``round``, ``rounds``, ``final``,
+            ``request_id``.
         payload (bytes): the ciphertext bytes.
         version (int): the envelope format version it was read with.
     """
