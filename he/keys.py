@@ -56,6 +56,8 @@ _SEAL_HEADER_BYTES = 16
 
 def normalize_steps(params: CkksParameters, galois_steps: Sequence[int]) -> tuple[int, ...]:
     """Sorted distinct rotation steps; refuses 0, non-ints and |step| >= slots."""
+    if isinstance(galois_steps, (str, bytes)) or not isinstance(galois_steps, Sequence):
+        raise ParameterError(f"galois_steps: expected a list of ints, received {str(galois_steps)[:80]}")
     steps = set()
     for s in galois_steps:
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s == 0 or abs(int(s)) >= params.slots:

@@ -218,7 +218,7 @@ def _keyring_with(path: Path, **header_changes: object) -> None:
     ({"n": 2**14, "r": 8, "p": 10**6}, r"scrypt\.p expected an int in 1\.\.16"),
     ({"n": 2**14, "r": 8}, "scrypt expected the fields"),
     ({"n": "16384", "r": 8, "p": 1}, r"scrypt\.n expected an int"),
-])
+], ids=["n-2e70", "memory-2GiB", "n-not-a-power-of-two", "p-1e6", "p-missing", "n-a-string"])
 def test_keyring_load_bounds_scrypt_settings(ring: SecretKeyring, tmp_path: Path, scrypt: dict, match: str) -> None:
     # before: n = 2^70 raised a bare OverflowError, and n = 2^24 would take 16 GiB
     path = tmp_path / "client.veilkey"
