@@ -1,7 +1,9 @@
 """PEFT-layout adapter checkpoints: ``adapter_config.json`` + ``adapter_model.safetensors``.
 
 Keys are PEFT's (``base_model.model.<module path>.lora_A.weight``, adapter name removed), so ``peft`` and every
-serving system that reads PEFT LoRA load what veil writes, and veil loads what ``peft`` writes.
+serving system that reads PEFT LoRA load what veil writes, and veil loads what ``peft`` writes. Methods whose
+saved tensors are relative to bases re-derived at load (PSOFT) convert them to PEFT's convention in their own
+``adapter_state_dict`` / ``load_adapter_state_dict`` (see ``psoft/model.py``); this module writes what they give.
 """
 
 from __future__ import annotations

@@ -81,18 +81,77 @@ def test_merge_unmerge_exact_and_save_load_round_trip(bert_factory, tokens, rand
     assert (again - ref).abs().max() <= 1e-6
 
 
-def test_same_formula_and_keys_as_peft(bert_factory, tokens, randomize_trainable, tmp_path) -> None:
-    """PEFT loads veil's PSOFT checkpoint; with PEFT's (uncanonicalised) A/B replaced by veil's, outputs agree."""
-    model = inject(bert_factory(), PsoftConfig(**KW, use_cayley_neumann=True))
+def _flipped_pairs(model: AdapterModel) -> int:
+    """How many SVD pairs PEFT's raw signs flip against veil's canonical ones (the parity tests need some)."""
+    from veil.training.adapters.psoft.layer import peft_signs
+
+    return sum(int((peft_signs(layer.base_layer.weight, layer.psoft_A)[0] < 0).sum())
+               for layer in model.adapter_layers().values())
+
+
+@pytest.mark.parametrize("neumann", [False, True])
+def test_peft_loads_a_veil_checkpoint_as_the_same_function(bert_factory, tokens, randomize_trainable, tmp_path,
+                                                           neumann: bool) -> None:
+    """Issue 19, item 16: PEFT recomputes A/B with its own SVD signs; veil writes Q in that convention, so
+    ``peft.PeftModel.from_pretrained`` gives veil's logits with nothing patched (formerly off by whole units)."""
+    model = inject(bert_factory(), PsoftConfig(**KW, use_cayley_neumann=neumann))
     randomize_trainable(model)
+    assert _flipped_pairs(model) > 0  # otherwise the two conventions agree by chance and nothing is tested
     model.save_pretrained(tmp_path / "p")
     theirs = peft.PeftModel.from_pretrained(bert_factory(), tmp_path / "p").eval()
-    for name, layer in model.adapter_layers().items():
-        target = theirs.base_model.model.get_submodule(name)
-        target._set_psoft_ab_cache_buffers("default", layer.psoft_A, layer.psoft_B)
     with torch.no_grad():
         diff = (theirs(**tokens).logits - model(**tokens).logits).abs().max().item()
     assert diff <= 1e-5
+
+
+def test_veil_loads_a_peft_checkpoint_as_the_same_function(bert_factory, tokens, randomize_trainable, tmp_path) -> None:
+    """Issue 19, item 16, the other way: a checkpoint trained and saved by PEFT loads in veil to PEFT's logits."""
+    theirs = peft.get_peft_model(bert_factory(), peft.PsoftConfig(**KW))
+    randomize_trainable(theirs)
+    theirs.eval().save_pretrained(str(tmp_path / "p"))
+    ours = AdapterModel.from_pretrained(bert_factory(), tmp_path / "p")
+    assert _flipped_pairs(ours) > 0
+    with torch.no_grad():
+        diff = (ours(**tokens).logits - theirs(**tokens).logits).abs().max().item()
+    assert diff <= 1e-5
+
+
+def test_a_veil_checkpoint_keeps_its_meaning_where_lapack_signs_differ(bert_factory, tokens, randomize_trainable,
+                                                                      tmp_path, monkeypatch) -> None:
+    """The saved D, not the loading machine's SVD, says how the stored Q relates to veil's canonical bases."""
+    from veil.training.adapters.psoft import model as psoft_model
+
+    model = inject(bert_factory(), PsoftConfig(**KW))
+    randomize_trainable(model)
+    model.save_pretrained(tmp_path / "p")
+    real = psoft_model.peft_signs
+    monkeypatch.setattr(psoft_model, "peft_signs", lambda w, vh: (-real(w, vh)[0], 1.0))  # another LAPACK
+    with torch.no_grad():
+        again = AdapterModel.from_pretrained(bert_factory(), tmp_path / "p")(**tokens).logits
+        assert (again - model(**tokens).logits).abs().max() <= 1e-6
+
+
+def test_bases_no_sign_relates_are_refused_with_the_lora_way_out(bert_factory, randomize_trainable, tmp_path,
+                                                                monkeypatch) -> None:
+    from safetensors.torch import load_file, save_file
+    from veil.training.adapters.psoft import model as psoft_model
+
+    model = inject(bert_factory(), PsoftConfig(**KW))
+    randomize_trainable(model)
+    model.save_pretrained(tmp_path / "p")
+    weights = tmp_path / "p" / "adapter_model.safetensors"
+    state = load_file(str(weights))
+    save_file({k: v for k, v in state.items() if not k.endswith("veil_signs")}, str(weights))  # as PEFT writes it
+    real = psoft_model.peft_signs
+    monkeypatch.setattr(psoft_model, "peft_signs", lambda w, vh: (real(w, vh)[0], 0.5))  # repeated singular values
+    with pytest.raises(ValueError, match=r"not a sign flip of veil's.*convert it to a LoRA"):
+        AdapterModel.from_pretrained(bert_factory(), tmp_path / "p")
+    with pytest.warns(UserWarning, match="save_as_lora"):
+        model.save_pretrained(tmp_path / "q")
+    state["base_model.model.bert.encoder.layer.0.attention.self.query.psoft_R.veil_signs"] = torch.zeros(4, dtype=torch.int8)
+    save_file(state, str(weights))
+    with pytest.raises(ValueError, match=r"veil_signs: expected 4 values of ±1"):
+        AdapterModel.from_pretrained(bert_factory(), tmp_path / "p")
 
 
 def test_canonical_signs_survive_a_sign_flip() -> None:

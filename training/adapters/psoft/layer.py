@@ -1,7 +1,9 @@
 """PSOFT's layer: a rotation (Cayley) with scaling vectors inside the top-r SVD subspace of the frozen weight.
 
 Wu, Hu, Min, Wang, "Efficient Orthogonal Fine-Tuning with Principal Subspace Adaptation", ICLR 2026
-(arXiv 2505.11235). Parameter names and formulas follow PEFT's ``tuners/psoft`` so checkpoints interchange.
+(arXiv 2505.11235). Parameter names and formulas follow PEFT's ``tuners/psoft``. veil's bases carry canonical
+signs, PEFT's the raw LAPACK signs; the saved rotation is converted between the two (:func:`peft_signs`,
+:func:`conjugate`; see ``model.py``), which is what makes a checkpoint mean the same function in both.
 """
 
 from __future__ import annotations
@@ -33,10 +35,42 @@ def canonical_signs(u: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, to
     return u * signs, vh * signs[:, None]
 
 
+SIGN_AGREEMENT = 0.99  # |<PEFT's v_k, veil's v_k>| below this: not a sign flip (near-equal singular values)
+
+
+def peft_signs(weight: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Per pair k, the sign d_k with PEFT's ``v_k = d_k`` veil's canonical ``v_k``; and the worst |cos| of the pairs.
+
+    PEFT (``PsoftLayer._build_psoft_ab_cache_buffers``, ``psoft_svd="full"``) runs ``torch.linalg.svd`` on the
+    float32 weight on the device that holds it and keeps LAPACK's / cuSOLVER's signs, so this runs the same call
+    there. A worst |cos| below :data:`SIGN_AGREEMENT` means PEFT's basis is not a sign flip of veil's (repeated
+    singular values) and no sign vector relates the two.
+
+    Args:
+        weight: the frozen weight (out, in).
+        vh: veil's canonical top-r right singular vectors (r, in).
+    """
+    _, _, peft_vh = torch.linalg.svd(weight.detach().to(torch.float32), full_matrices=False)
+    cos = (peft_vh[:vh.shape[0]].double() * vh.detach().to(peft_vh.device).double()).sum(dim=1)  # (r,)
+    signs = torch.where(cos < 0, -1.0, 1.0).to(torch.float64)
+    return signs.cpu(), float(cos.abs().min()) if cos.numel() else 1.0
+
+
+def conjugate(weight: torch.Tensor, signs: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The rotation parameters under bases flipped by D = diag(signs): Q -> D Q D, i.e. q_ij d_i d_j.
+
+    With A' = D A and B' = B D, ``B' (C' − I) A' = B (D C' D − I) A``; D commutes with diag(α), diag(β), and
+    D R(Q) D = R(D Q D) for the Cayley map and for its Neumann series, so only the r(r−1)/2 values of Q change.
+    D is its own inverse: the same call converts both ways.
+    """
+    d = signs.to(device=weight.device, dtype=weight.dtype)
+    return weight * d[rows.to(weight.device)] * d[cols.to(weight.device)]
+
+
 class OrthRotation(nn.Module):
     """C = diag(β) R diag(α) with R = (I + Q)(I − Q)⁻¹, Q skew-symmetric from ``weight`` (r(r−1)/2 values).
 
-    The paper writes R = (I − Q)(I + Q)⁻¹, the same family under Q → −Q; PEFT's form is used so weights interchange.
+    The paper writes R = (I − Q)(I + Q)⁻¹, the same family under Q → −Q; PEFT's form is used so weights interchange (with the sign conversion of ``model.py``).
     At init Q = 0 and α = β = 1, so C = I.
     """
 
