@@ -2,6 +2,7 @@
 
 Examples:
     veil train uldnet --preset digits --arch cnn --out runs/polycnn
+    veil train uldnet --preset digits-he --arch cnn --out runs/polycnn-he   # fits leveled CKKS (8 levels)
     veil train uldnet --data my.npz --arch mlp --width 128 --depth 2 --epochs 30 --out runs/mlp
     veil train uldnet --image-folder photos/ --image-size 16 --arch cnn --compare-baseline
 
@@ -15,20 +16,29 @@ import json
 import sys
 from pathlib import Path
 
-from .config import DIGITS_PRESETS, ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
+from veil.config import ConfigError
+
+from .config import DIGITS_HE_PRESETS, DIGITS_PRESETS, ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
 from .data import Splits, load_digits_preset, load_image_folder, load_npz
 
 EXAMPLE = """example:
   veil train uldnet --preset digits --arch cnn --out runs/polycnn
+  veil train uldnet --preset digits-he --arch cnn --out runs/polycnn-he
   veil train uldnet --data my.npz --arch mlp --width 128 --epochs 30 --compare-baseline
 """
+
+
+# --preset -> the per-family recipes over the bundled digits
+PRESETS: dict[str, dict[str, dict[str, dict]]] = {"digits": DIGITS_PRESETS, "digits-he": DIGITS_HE_PRESETS}
 
 
 def build_parser(prog: str = "veil train uldnet") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--preset", choices=["digits"], default=None, help="bundled dataset (default: digits)")
+    source.add_argument("--preset", choices=list(PRESETS), default=None,
+                        help="bundled dataset and recipe (default: digits); digits-he: a model whose encrypted plan "
+                             "fits one leveled 128-bit CKKS parameter set (mlp or cnn)")
     source.add_argument("--data", type=Path, help=".npz file with arrays x (N, ...) and y (N,)")
     source.add_argument("--image-folder", type=Path, help="folder of class sub-folders of images")
     parser.add_argument("--image-size", type=int, default=8, help="resize images to this size (with --image-folder)")
@@ -59,7 +69,10 @@ def configs_from_args(args: argparse.Namespace, data: Splits) -> tuple[ModelConf
     if args.config:
         base = json.loads(args.config.read_text())
     elif args.data is None and args.image_folder is None:
-        base = DIGITS_PRESETS[args.arch or "cnn"]
+        presets, arch = PRESETS[args.preset or "digits"], args.arch or "cnn"
+        if arch not in presets:
+            raise ConfigError(f"--arch: preset {args.preset!r} has recipes for {sorted(presets)}, received {arch!r}")
+        base = presets[arch]
     else:
         base = {}
     model_base = dict(base.get("model", {}))

@@ -80,6 +80,13 @@ class ModelConfig(Config):
     patch_size: int = field(2, "patch size (vit)")
     mlp_ratio: int = field(2, "hidden expansion of the transformer MLP (vit)")
     normalize: bool = field(True, "insert normalization layers (mlp only may switch them off)")
+    residual: bool = field(True, "cnn: ResNet-style residual stages; False: a plain stack stem -> depth x conv3x3 -> "
+                                 "head (fewer CKKS levels, for leveled encrypted inference)")
+    stem_stride: int = field(1, "cnn: stride of the stem convolution (2 halves H and W before any stage)")
+    block_norm: bool = field(True, "cnn plain stack (residual False): a PolyNorm after every conv; False: after the "
+                                   "stem only (3 levels fewer per conv)")
+    head: Literal["gap", "flatten"] = field("gap", "cnn: global average pool or flatten the last feature map before "
+                                                   "the classifier")
     norm: PolyNormConfig = field(None, "PolyNorm settings")  # type: ignore[arg-type]
     act: PolyActConfig = field(None, "PolyAct settings")  # type: ignore[arg-type]
 
@@ -93,6 +100,14 @@ class ModelConfig(Config):
             raise ConfigError(f"ModelConfig.input_shape: expected positive sizes, received {self.input_shape}")
         if self.arch in ("cnn", "vit") and len(self.input_shape) != 3:
             raise ConfigError(f"ModelConfig.input_shape: arch '{self.arch}' expects (C, H, W), received {self.input_shape}")
+        if self.arch == "cnn":
+            if self.stem_stride not in (1, 2):
+                raise ConfigError(f"ModelConfig.stem_stride: expected 1 or 2, received {self.stem_stride}")
+            h, w = (math.ceil(s / self.stem_stride) for s in self.input_shape[1:])
+            if self.residual and (h < 2 or w < 2):
+                raise ConfigError(f"ModelConfig.stem_stride: the residual PolyCNN pools the {h}x{w} map after the "
+                                  f"stem, expected at least 2x2, received stem_stride {self.stem_stride} on "
+                                  f"{self.input_shape[1]}x{self.input_shape[2]}")
         if self.arch != "mlp" and not self.normalize:
             raise ConfigError(f"ModelConfig.normalize: only arch 'mlp' may switch normalization off, received arch '{self.arch}'")
         if self.arch == "vit":
@@ -145,6 +160,17 @@ DIGITS_PRESETS: dict[str, dict[str, dict]] = {
 }
 
 # A digits model shallow enough for leveled CKKS (6 levels: Linear, PolyNorm, PolyAct, Linear): the
-# encrypted-inference demo and benchmark use it; the digits PolyCNN (28 levels) needs bootstrapping.
+# encrypted-inference digits benchmark uses it; the digits PolyCNN (28 levels) needs bootstrapping.
 DIGITS_HE_PRESET: dict[str, dict] = {"model": {"arch": "mlp", "width": 64, "depth": 1},
                                      "train": {"lr": 1e-2, "epochs": 60}}
+
+# `--preset digits-he`, per family: models whose compiled HE plan fits one leveled 128-bit parameter set.
+# The CNN is the plain ULD-Net stack: conv3x3 stride 2 (8x8 -> 4x4, 24 channels) -> PolyNorm -> PolyAct ->
+# conv3x3 24 -> 24 -> PolyAct -> flatten -> Linear: 8 levels (1 + 3 + 1, 1 + 1, 1), N = 16384. Chosen on the
+# validation split among plain stacks of 1-2 convs (docs/uldnet.md has the 3-seed test accuracy).
+DIGITS_HE_PRESETS: dict[str, dict[str, dict]] = {
+    "mlp": DIGITS_HE_PRESET,
+    "cnn": {"model": {"arch": "cnn", "width": 24, "depth": 1, "residual": False, "stem_stride": 2,
+                      "block_norm": False, "head": "flatten"},
+            "train": {"lr": 1e-2}},
+}

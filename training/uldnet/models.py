@@ -1,4 +1,4 @@
-"""ULD-Net model families (PolyMLP, PolyCNN, PolyViT) and their same-architecture standard-op baselines.
+"""ULD-Net model families (PolyMLP, PolyCNN and its plain variant, PolyViT) and their same-architecture standard-op baselines.
 
 Each family is built from one ModelConfig. ``baseline=True`` swaps PolyNorm -> LayerNorm (BatchNorm in
 the CNN), PolyAct -> ReLU (GELU in the ViT), linear attention -> softmax attention and AvgPool -> MaxPool,
@@ -73,6 +73,25 @@ class ResidualBlock(nn.Module):
         return self.act2(y + self.shortcut(x))
 
 
+def make_stem(config: ModelConfig) -> nn.Sequential:
+    """conv3x3 (stride ``config.stem_stride``) -> norm -> act: the first layer of both CNN variants."""
+    c, w = config.input_shape[0], config.width
+    return nn.Sequential(nn.Conv2d(c, w, 3, stride=config.stem_stride, padding=1), make_norm(config, w, "channels"),
+                         make_act(config, w, 1))
+
+
+def make_head(config: ModelConfig, channels: int, spatial: int) -> nn.Sequential:
+    """Global average pool (or flatten ``channels x spatial`` features), then the classifier."""
+    if config.head == "gap":
+        return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, config.num_classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(channels * spatial, config.num_classes))
+
+
+def stem_size(config: ModelConfig) -> tuple[int, int]:
+    """(H, W) of the stem's output map (3x3 kernel, padding 1)."""
+    return tuple(math.ceil(s / config.stem_stride) for s in config.input_shape[1:])  # type: ignore[return-value]
+
+
 class PolyCNN(nn.Module):
     """Small ResNet-style polynomial CNN: stem, stage 1 (width), AvgPool 2x2, stage 2 (2 x width), GAP, Linear.
 
@@ -83,16 +102,46 @@ class PolyCNN(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        c, w = config.input_shape[0], config.width
-        self.stem = nn.Sequential(nn.Conv2d(c, w, 3, padding=1), make_norm(config, w, "channels"), make_act(config, w, 1))
+        w = config.width
+        h, wd = stem_size(config)
+        self.stem = make_stem(config)
         self.stage1 = nn.Sequential(*[ResidualBlock(config, w, w) for _ in range(config.depth)])
         self.pool = nn.MaxPool2d(2) if config.baseline else nn.AvgPool2d(2)
         widths = [w] + [2 * w] * max(config.depth, 1)
         self.stage2 = nn.Sequential(*[ResidualBlock(config, widths[i], widths[i + 1]) for i in range(max(config.depth, 1))])
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * w, config.num_classes))
+        self.head = make_head(config, 2 * w, (h // 2) * (wd // 2))
 
     def forward(self, x):  # (B, C, H, W) -> (B, classes)
         return self.head(self.stage2(self.pool(self.stage1(self.stem(x)))))
+
+
+class PlainPolyCNN(nn.Module):
+    """Plain polynomial CNN for leveled CKKS: stem, ``depth`` x (conv3x3 -> [norm] -> act), head.
+
+    No residual adds and no pooling between convs; with ``block_norm=False`` only the stem is followed by a
+    PolyNorm, so a conv costs 2 levels (conv, degree-2 PolyAct) instead of 5. The ``digits-he`` CNN preset is
+    stride-2 stem (8x8 -> 4x4), one conv, flatten, Linear: 8 levels.
+
+    Example:
+        >>> cfg = ModelConfig(arch="cnn", residual=False, stem_stride=2, block_norm=False, head="flatten")
+        >>> PlainPolyCNN(cfg).forward(torch.randn(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        w = config.width
+        h, wd = stem_size(config)
+        self.stem = make_stem(config)
+        layers: list[nn.Module] = []
+        for _ in range(config.depth):
+            layers += [nn.Conv2d(w, w, 3, padding=1), make_norm(config, w, "channels") if config.block_norm
+                       else nn.Identity(), make_act(config, w, 1)]
+        self.body = nn.Sequential(*layers)
+        self.head = make_head(config, w, h * wd)
+
+    def forward(self, x):  # (B, C, H, W) -> (B, classes)
+        return self.head(self.body(self.stem(x)))
 
 
 class TransformerBlock(nn.Module):
@@ -135,7 +184,12 @@ class PolyViT(nn.Module):
         return self.fc(self.norm(self.blocks(tokens)).mean(dim=1))
 
 
-ARCHITECTURES: dict[str, Callable[[ModelConfig], nn.Module]] = {"mlp": PolyMLP, "cnn": PolyCNN, "vit": PolyViT}
+def build_cnn(config: ModelConfig) -> nn.Module:
+    """The residual PolyCNN, or the plain stack when ``config.residual`` is False."""
+    return PolyCNN(config) if config.residual else PlainPolyCNN(config)
+
+
+ARCHITECTURES: dict[str, Callable[[ModelConfig], nn.Module]] = {"mlp": PolyMLP, "cnn": build_cnn, "vit": PolyViT}
 
 
 def build_model(config: ModelConfig) -> nn.Module:
