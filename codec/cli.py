@@ -23,6 +23,7 @@ from pathlib import Path
 
 from . import bitstream
 from .errors import CodecError
+from .images import MAX_PIXELS, MIN_SIDE
 
 EXAMPLE = """example:
   veil codec encode photo.png -o photo.vc --model runs/codec --target-bpp 0.02
@@ -42,14 +43,31 @@ def resolve_model(path: Path) -> Path:
         return versions[-1]
     if (path / "repo" / "codec").is_dir():
         return resolve_model(path / "repo" / "codec")
+    if (path / "model.safetensors").is_file():  # a `veil train codec --no-export` checkpoint
+        how = f"export it: veil export codec {path} --repo {path / 'repo'} --name codec"
+    else:
+        how = (f"train and export one: veil train codec --out {path} (writes {path / 'repo' / 'codec' / '1'}), or "
+               "export a trained checkpoint: veil export codec CHECKPOINT --repo REPO --name codec")
     raise CodecError(f"--model {str(path)!r}: expected an exported codec (a folder with codec.json, a model folder "
-                     "of a repository, or a `veil train codec` run folder)")
+                     f"of a repository, or a `veil train codec` run folder), found none; {how}")
 
 
 def _runtime(args: argparse.Namespace):
     from .runtime import CodecRuntime
 
-    return CodecRuntime(resolve_model(args.model), threads=args.threads)
+    return CodecRuntime(resolve_model(args.model), threads=args.threads, max_pixels=args.max_pixels)
+
+
+def _pixels(text: str) -> int:
+    """argparse type of --max-pixels: an integer in [MIN_SIDE^2, MAX_PIXELS]."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not MIN_SIDE * MIN_SIDE <= value <= MAX_PIXELS:
+        raise argparse.ArgumentTypeError(f"expected an integer in [{MIN_SIDE * MIN_SIDE}, {MAX_PIXELS}], "
+                                         f"received {text!r}")
+    return value
 
 
 def build_parser(prog: str = "veil codec") -> argparse.ArgumentParser:
@@ -60,6 +78,9 @@ def build_parser(prog: str = "veil codec") -> argparse.ArgumentParser:
     common.add_argument("--model", type=Path, default=DEFAULT_MODEL, help=f"exported codec (default: {DEFAULT_MODEL})")
     common.add_argument("--threads", type=int, default=1,
                         help="ONNX Runtime threads of the encoder/decoder (the prior always runs on one)")
+    common.add_argument("--max-pixels", type=_pixels, default=MAX_PIXELS,
+                        help=f"refuse images and streams claiming more pixels than this (default: {MAX_PIXELS}); "
+                             "a stream sending few scales can claim a large image, and decoding costs its size")
     decoding = argparse.ArgumentParser(add_help=False)
     decoding.add_argument("--mode", choices=sorted(bitstream.MODES), default="greedy",
                           help="how the decoder fills the scales not sent (default: greedy)")

@@ -11,12 +11,24 @@ short scale does not pay a whole word of termination.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from constriction import stream
+
+from .errors import BitstreamError
 
 PRECISION = 16
 ONE = 1 << PRECISION
 _BERNOULLI = stream.model.Bernoulli(perfect=False)
+# The cheapest a coded bit can be: -log2(1 - 2^-16) bits (the likelier value at the clamp), so a chunk of n bytes
+# can carry at most (8 n + SLACK_BITS) / MIN_BIT_COST bits; what a stream's length can claim is bounded by it.
+MIN_BIT_COST = -math.log2(1.0 - 1.0 / ONE)
+# Slack of the information check: the range coder's output is at least the information it codes, less the
+# trailing bytes :func:`encode_bits` drops while the zero-padded stream still decodes (each extra one only with
+# probability ~2^-8), and constriction re-quantises the probabilities (relative differences ~1e-5).
+SLACK_BITS = 64
+SLACK_RATIO = 1.01
 
 
 def quantize_probs(p1: np.ndarray) -> np.ndarray:
@@ -59,13 +71,32 @@ def _decodes_to(data: bytes, bits: np.ndarray, probs: np.ndarray) -> bool:
         return False
 
 
-def decode_bits(data: bytes, q: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`encode_bits`: uint8 bits of ``q``'s shape."""
+def decode_bits(data: bytes, q: np.ndarray, field: str = "chunk") -> np.ndarray:
+    """Inverse of :func:`encode_bits`: uint8 bits of ``q``'s shape.
+
+    Raises:
+        BitstreamError: ``data`` is not a stream of these probabilities (the range decoder's own refusal, or more
+            information decoded than ``data`` can carry): a corrupt chunk, or one read at the wrong image size.
+    """
     probs = _model_probs(q)
     if probs.size == 0:
         return np.zeros(q.shape, np.uint8)
-    bits = stream.queue.RangeDecoder(_words(data)).decode(_BERNOULLI, probs)
-    return np.asarray(bits, np.uint8).reshape(q.shape)
+    try:
+        bits = np.asarray(stream.queue.RangeDecoder(_words(data)).decode(_BERNOULLI, probs), np.uint8).reshape(q.shape)
+    except (AssertionError, ValueError, RuntimeError) as exc:  # constriction's refusal of invalid data
+        raise BitstreamError(field, f"expected range-coded data of this model, the decoder refused it ({exc}); "
+                                    "the stream is corrupt") from None
+    information = cross_entropy_bits(bits, q)
+    if information > SLACK_RATIO * 8 * len(data) + SLACK_BITS:
+        raise BitstreamError(field, f"decodes to {information:.0f} bits of information, more than its {len(data)} "
+                                    "bytes can carry: the stream is corrupt, or its height/width are not those it "
+                                    "was coded at")
+    return bits
+
+
+def max_coded_bits(nbytes: int) -> int:
+    """The most bits a chunk of ``nbytes`` bytes can code, each at its cheapest (:data:`MIN_BIT_COST`)."""
+    return int((SLACK_RATIO * 8 * nbytes + SLACK_BITS) / MIN_BIT_COST)
 
 
 def cross_entropy_bits(bits: np.ndarray, q: np.ndarray) -> float:

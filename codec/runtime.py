@@ -29,7 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from . import bitstream as bs
-from .coder import ONE, cross_entropy_bits, decode_bits, encode_bits, quantize_probs
+from .coder import ONE, cross_entropy_bits, decode_bits, encode_bits, max_coded_bits, quantize_probs
 from .errors import BitstreamError, CodecError
 from .images import MAX_PIXELS, check_size
 from .scales import down, latent_size, scale_sizes, up
@@ -170,6 +170,14 @@ class CodecRuntime:
             check_size(h.height, h.width, self.max_pixels)
         except CodecError as exc:
             raise BitstreamError("height/width", str(exc)) from None
+        lh, lw = latent_size(h.height, h.width, self.geo.stride)
+        sizes = scale_sizes(lh, lw, self.geo.scales)[:h.k]
+        for j, ((hj, wj), chunk) in enumerate(zip(sizes, stream.chunks, strict=True)):
+            claimed = hj * wj * self.geo.bits[j]
+            if claimed > max_coded_bits(len(chunk)):
+                raise BitstreamError("height/width", f"{h.height}x{h.width} needs {claimed} bits at scale {j + 1}, "
+                                                     f"more than its {len(chunk)} bytes can carry (at most "
+                                                     f"{max_coded_bits(len(chunk))}): corrupt header")
         return stream
 
     def decode_tokens(self, stream: bs.Bitstream) -> tuple[list[np.ndarray], int, int]:
@@ -178,7 +186,7 @@ class CodecRuntime:
         h, w = latent_size(hdr.height, hdr.width, self.geo.stride)
         tokens: list[np.ndarray] = []
         for j, chunk in enumerate(stream.chunks):
-            tokens.append(decode_bits(chunk, self.probabilities(tokens, h, w, j)))
+            tokens.append(decode_bits(chunk, self.probabilities(tokens, h, w, j), field=f"scale {j + 1}"))
         return tokens, h, w
 
     def complete(self, tokens: list[np.ndarray], h: int, w: int, mode: str, seed: int = 0,

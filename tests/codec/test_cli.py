@@ -56,3 +56,35 @@ def test_errors_exit_2_with_the_reason(capsys, tmp_path, codec_dir) -> None:
     assert "image format" in capsys.readouterr().err
     assert main(["encode", str(tmp_path / "junk.vc"), "-o", str(tmp_path / "x.vc"), "--model", str(tmp_path)]) == 2
     assert "expected an exported codec" in capsys.readouterr().err
+
+
+def test_corrupt_streams_and_limits_are_one_line_errors_exit_2(capsys, tmp_path, codec_dir, images) -> None:
+    """Issue 19, item 15: a resealed corrupt stream and a size beyond --max-pixels exit 2 with one line."""
+    import zlib
+
+    from veil.codec.runtime import CodecRuntime
+
+    data = bytearray(CodecRuntime(codec_dir).encode(images.crop, k=5).data)
+    data[7] ^= 0x80  # height 96 -> 32864
+    body = bytes(data[:-4])
+    (tmp_path / "bad.vc").write_bytes(body + zlib.crc32(body).to_bytes(4, "big"))
+    assert main(["decode", str(tmp_path / "bad.vc"), "-o", str(tmp_path / "x.png"), "--model", str(codec_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("veil codec decode: bitstream ") and err.count("\n") == 1 and "Traceback" not in err
+    png = tmp_path / "crop.png"
+    from veil.codec.images import png_bytes
+
+    png.write_bytes(png_bytes(images.crop))
+    assert main(["encode", str(png), "-o", str(tmp_path / "c.vc"), "--model", str(codec_dir),
+                 "--max-pixels", "10000"]) == 2
+    assert "at most 10000 pixels" in capsys.readouterr().err
+
+
+def test_encode_without_a_model_says_how_to_get_one(capsys, tmp_path) -> None:
+    assert main(["encode", "photo.png", "-o", str(tmp_path / "x.vc"), "--model", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert f"veil train codec --out {tmp_path / 'none'}" in err and "veil export codec CHECKPOINT" in err
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "model.safetensors").write_bytes(b"")
+    assert main(["encode", "photo.png", "-o", str(tmp_path / "x.vc"), "--model", str(tmp_path / "ck")]) == 2
+    assert f"veil export codec {tmp_path / 'ck'} --repo" in capsys.readouterr().err

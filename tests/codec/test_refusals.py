@@ -91,3 +91,55 @@ def test_unsupported_and_oversize_images() -> None:
 def test_encode_refuses_bad_scales(runtime, images) -> None:
     with pytest.raises(ValueError, match=r"expected k in \[1, 10\]"):
         runtime.encode(images.crop, k=11)
+
+
+# -- issue 19, item 15: streams that pass the CRC (resealed) but are not what they claim -------------------------
+def reseal(data: bytes | bytearray) -> bytes:
+    """The stream with a CRC recomputed over its (mutated) body, as an attacker would."""
+    import zlib
+
+    body = bytes(data[:-4])
+    return body + zlib.crc32(body).to_bytes(4, "big")
+
+
+def test_a_resealed_bit_flip_is_a_bitstream_error_not_an_assertion(runtime, images) -> None:
+    """Flipped chunk bits under a fresh CRC: constriction's AssertionError used to escape the decoder."""
+    stream = runtime.encode(images.crop).data  # all 10 scales
+    start = bs.header_size(stream) + 1
+    for i in range(start, len(stream) - 4):
+        for bit in range(8):
+            flipped = bytearray(stream)
+            flipped[i] ^= 1 << bit
+            try:
+                runtime.decode(reseal(flipped))
+            except BitstreamError as exc:
+                if "decoder refused" in str(exc):
+                    assert exc.field.startswith("scale ")
+                    return
+    pytest.fail("no flipped stream reached the range decoder's refusal")
+
+
+def test_a_flipped_height_bit_is_refused_quickly(runtime, stream) -> None:
+    """The height's top bit flipped (96 -> 32864 rows, 3.4 MP) under a fresh CRC: the first scale already
+    decodes to more information than its bytes carry, so nothing is decoded at the claimed size."""
+    flipped = bytearray(stream)
+    flipped[7] ^= 0x80
+    with pytest.raises(BitstreamError, match="more than its") as info:
+        runtime.decode(reseal(flipped))
+    assert info.value.field in ("scale 1", "height/width")
+
+
+def test_the_stream_length_bounds_the_size_it_can_claim(runtime, images) -> None:
+    """A header claiming 20000 x 20000 with all 10 scales in empty chunks: refused by length before any decoding
+    (the last scale alone would need 12.5 M bits; 0 bytes carry at most 2.9 M)."""
+    parsed = bs.read(runtime.encode(images.crop).data)
+    claim = bs.write(bs.Bitstream(replace(parsed.header, height=20_000, width=20_000), [b""] * parsed.header.k))
+    big = CodecRuntime(runtime.folder, max_pixels=2 ** 32)
+    message = refused(big, claim, "height/width")
+    assert "more than its 0 bytes can carry" in message
+
+
+def test_the_pixel_limit_is_configurable(codec_dir, stream) -> None:
+    """96 x 136 = 13056 pixels: decoded under the default limit, refused under a smaller one."""
+    small = CodecRuntime(codec_dir, max_pixels=10_000)
+    assert "at most 10000 pixels" in refused(small, stream, "height/width")

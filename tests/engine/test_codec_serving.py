@@ -124,3 +124,40 @@ def test_two_inputs_at_once_are_refused(live, oip, photo) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req)
     assert info.value.code == 400 and "exactly one of inputs" in json.loads(info.value.read())["error"]
+
+
+def _resealed(data: bytes | bytearray) -> bytes:
+    import zlib
+
+    body = bytes(data[:-4])
+    return body + zlib.crc32(body).to_bytes(4, "big")
+
+
+def test_resealed_corrupt_streams_are_400_not_500(live, oip, codec_repo, photo) -> None:
+    """Issue 19, item 15: bit flips under a recomputed CRC reach the range decoder, whose AssertionError was a
+    500; a flipped height byte claims a size the stream cannot carry. Both are 400s naming the field."""
+    from veil.codec.errors import BitstreamError
+
+    runtime = CodecRuntime(codec_repo / "codec" / "1")
+    stream = runtime.encode(photo).data
+    refused = None
+    for i in range(bs.header_size(stream) + 1, len(stream) - 4):
+        for bit in range(8):
+            flipped = bytearray(stream)
+            flipped[i] ^= 1 << bit
+            try:
+                runtime.decode(_resealed(flipped))
+            except BitstreamError as exc:
+                if "decoder refused" in str(exc):
+                    refused = _resealed(flipped)
+                    break
+        if refused:
+            break
+    assert refused is not None
+    code, body = infer(live, oip, "bitstream", refused)
+    assert code == 400 and "bitstream scale" in body["error"], body
+    tall = bytearray(stream)
+    tall[7] ^= 0x80  # height 80 -> 32848
+    code, body = infer(live, oip, "bitstream", _resealed(tall))
+    assert code == 400 and "bitstream" in body["error"], body
+    assert infer(live, oip, "image", png_bytes(photo), scales=2)[0] == 200
