@@ -9,9 +9,9 @@ plan hash, the keys' owner, parameters and rotation steps, the ciphertext count 
 (413 beyond it, before any ciphertext is parsed), and every ciphertext fully (parameters, first level,
 exact scale, NTT form, size 2, not transparent) before evaluating; whatever SEAL still refuses is a 400.
 
-Limits: a latency plan takes at most ``he_max_batch`` ciphertexts (one per sample) per request, default
-:data:`DEFAULT_MAX_BATCH`, set per model in config.pbtxt with
-``parameters { key: "he_max_batch" value { string_value: "16" } }``; a throughput plan takes exactly one
+Limits: a latency plan takes at most ``he_max_ciphertexts`` ciphertexts (each holding up to the plan's
+``batch_capacity`` images) per request, default :data:`DEFAULT_MAX_CIPHERTEXTS`, set per model in config.pbtxt
+with ``parameters { key: "he_max_ciphertexts" value { string_value: "16" } }``; a throughput plan takes exactly one
 ciphertext per input feature. A key upload is capped by :func:`key_upload_limit`.
 
 Deep plans (``segments.json`` in the version folder, see :mod:`veil.he.segments`) run in several rounds:
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("veil.engine")
 CIPHERTEXT = "ciphertext"
-DEFAULT_MAX_BATCH = 8  # latency mode: ciphertexts (samples) per request; each costs one full evaluation
+DEFAULT_MAX_CIPHERTEXTS = 8  # latency mode: ciphertexts per request; each costs one full evaluation
 
 
 class Stage:
@@ -109,12 +109,12 @@ class HeModel:
         return sets
 
     def _max_ciphertexts(self, plan: Plan) -> int:
-        """Ciphertexts one request may carry: the input feature count (throughput), or ``he_max_batch`` (latency)."""
+        """Ciphertexts one request may carry: the input feature count (throughput), or ``he_max_ciphertexts`` (latency)."""
         if plan.mode == "throughput":
             return int(plan.spec["inputs"][0]["features"])
-        raw = self.config.parameters.get("he_max_batch", str(DEFAULT_MAX_BATCH))
+        raw = self.config.parameters.get("he_max_ciphertexts", str(DEFAULT_MAX_CIPHERTEXTS))
         if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-            raise ModelLoadFailed(f"model '{self.name}': config.pbtxt parameters.he_max_batch expected an int >= 1, "
+            raise ModelLoadFailed(f"model '{self.name}': config.pbtxt parameters.he_max_ciphertexts expected an int >= 1, "
                                   f"received {raw!r}")
         return int(raw)
 

@@ -254,11 +254,11 @@ async def register_he_keys(request: Request) -> Response:
     if store.quota_bytes < limit:
         limit, flag = store.quota_bytes, "--he-key-quota-mb"
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"key bundle: expected at most {limit} bytes ({flag}), received {declared}")
     with tempfile.TemporaryFile(dir=store.root) as spool:  # unnamed where the OS allows; never in memory whole
         size = 0
-        async for chunk in request.stream():
+        async for chunk in _timed_stream(request):
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLarge(f"key bundle: expected at most {limit} bytes ({flag}), received more")

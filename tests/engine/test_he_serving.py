@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import struct
 import urllib.request
 
@@ -33,6 +35,10 @@ def he_repo(tmp_path_factory):
     export_uldnet(root / "ck", repo, name="plain")
     export_he(root / "ck", repo, "tiny-he", mode="latency")
     export_he(root / "ck", repo, "tiny-he-batch", mode="throughput")
+    shutil.copytree(repo / "tiny-he", repo / "tiny-he-two")  # the operator's bound: 2 ciphertexts per request
+    config = (repo / "tiny-he" / "config.pbtxt").read_text().replace('"tiny-he"', '"tiny-he-two"')
+    (repo / "tiny-he-two" / "config.pbtxt").write_text(
+        config + 'parameters { key: "he_max_ciphertexts" value { string_value: "2" } }\n')
     return repo, data
 
 
@@ -103,6 +109,188 @@ def test_refusals_keep_the_server_serving(live, tmp_path) -> None:
     assert status == 400 and "parameters.key_id" in body["error"]
     logits = session.decrypt(session.infer(request))  # still serving
     assert logits.shape == (1, 3)
+
+
+# -- issue 19: a hostile client and a clumsy operator ------------------------------------------------------
+@pytest.fixture(scope="module")
+def app_client(he_repo, oip, tmp_path_factory):
+    """The HE repository in-process, with an admin token and 2 key sets per source."""
+    from fastapi.testclient import TestClient
+    from veil.engine.server import create_app
+
+    repo, _ = he_repo
+    config = oip.make_config(repo, admin_token=oip.token, he_keys_per_source=2,
+                             he_key_dir=str(tmp_path_factory.mktemp("he-keys")))
+    with TestClient(create_app(config)) as c:
+        yield c
+
+
+def _he(client, model: str) -> dict:
+    return client.get(f"/v2/models/{model}").json()["parameters"]["he"]
+
+
+def _register(client, model: str, headers: dict | None = None, steps: list[int] | None = None):
+    """Keys for ``model`` (or only ``steps``) registered through ``client``: (keyring, he metadata, response JSON)."""
+    from veil.he.keys import SecretKeyring
+    from veil.he.params import CkksParameters
+
+    he = _he(client, model)
+    ring = SecretKeyring.generate(CkksParameters.from_dict(he["parameters"]), he["galois_steps"] if steps is None
+                                  else steps)
+    r = client.post("/v2/he/keys", content=ring.evaluation_keys().to_bytes(), headers=headers or {})
+    assert r.status_code == 200, r.text
+    return ring, he, r.json()
+
+
+@pytest.fixture(scope="module")
+def tiny_key(app_client):
+    """One key set for the latency plans (tiny-he, tiny-he-two share its parameters and manifest)."""
+    return _register(app_client, "tiny-he")
+
+
+@pytest.fixture(scope="module")
+def batch_key(app_client):
+    return _register(app_client, "tiny-he-batch")
+
+
+def _infer(client, model: str, he: dict, key: dict, payload: bytes, secret: str | None = None):
+    """POST one request envelope holding ``payload`` (a ciphertext container) as a binary BYTES tensor."""
+    from veil.he.envelope import seal_envelope
+
+    envelope = seal_envelope(payload, kind="request", key_id=key["key_id"], params_hash=he["params_hash"],
+                             plan_hash=he["plan_hash"], meta={"batch": 1})
+    header = json.dumps({"inputs": [{"name": "ciphertext", "shape": [1], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": 4 + len(envelope)}}],
+                         "parameters": {"key_id": key["key_id"], "binary_data_output": True,
+                                        "key_secret": key["key_secret"] if secret is None else secret}}).encode()
+    return client.post(f"/v2/models/{model}/infer", content=header + struct.pack("<I", len(envelope)) + envelope,
+                       headers={"Inference-Header-Content-Length": str(len(header))})
+
+
+def _vector(he: dict) -> np.ndarray:
+    """One slot vector of the model's layout (latency: a zero sample tiled over the slots)."""
+    from veil.he.plan import Plan
+
+    return Plan(he["plan"], {}).encode_inputs(np.zeros((1, 6)))[0]
+
+
+def test_key_upload_is_capped_by_the_plans_key_manifest_before_reading(app_client, live) -> None:
+    # 19.1: the route ignored every body limit but the 2 GiB quota and read the whole body before checking it
+    import socket
+
+    from veil.he.keys import max_bundle_bytes
+    from veil.he.params import CkksParameters
+
+    metas = [_he(app_client, m) for m in ("tiny-he", "tiny-he-batch")]
+    for meta in metas:
+        assert meta["key_bundle_limit_bytes"] == max_bundle_bytes(CkksParameters.from_dict(meta["parameters"]),
+                                                                  meta["galois_steps"])
+    limit = max(meta["key_bundle_limit_bytes"] for meta in metas)
+    assert limit < 2048 * 2**20 // 16  # what this plan's manifest needs, not the 2 GiB quota
+    host, port = live.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:  # declares 1 GB, sends nothing
+        sock.sendall(b"POST /v2/he/keys HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n")
+        answer = sock.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 413") and "key bundle" in answer and "--max-body-mb" not in answer  # 19.6
+    assert f"at most {limit} bytes" in answer
+
+    def chunks():  # no Content-Length: refused once the stream passes the cap
+        for _ in range(limit // 2**20 + 2):
+            yield b"\x00" * 2**20
+
+    r = app_client.post("/v2/he/keys", content=chunks())
+    assert r.status_code == 413 and "largest served HE plan" in r.json()["error"]
+    assert app_client.get("/v2/health/live").status_code == 200
+
+
+def test_keys_have_owners_and_sources_are_bounded(app_client, oip) -> None:
+    # 19.2: anyone could use or flood key sets; now the key secret is needed, and a source holds 2 at most
+    from fastapi.testclient import TestClient
+
+    owner, flooder = (TestClient(app_client.app, client=(host, 1)) for host in ("10.0.0.5", "10.0.0.66"))
+    ring, he, key = _register(owner, "tiny-he")
+    payload = ring.encrypt_to_bytes([_vector(he)])
+    assert _infer(app_client, "tiny-he", he, key, payload).status_code == 200
+    r = _infer(app_client, "tiny-he", he, key, payload, secret="not-the-secret")
+    assert r.status_code == 403 and "key_secret" in r.json()["error"]
+    r = _infer(app_client, "tiny-he", he, key, payload, secret="")
+    assert r.status_code == 400 and "parameters.key_secret" in r.json()["error"]
+    assert app_client.delete(f"/v2/he/keys/{key['key_id']}", headers={"Authorization": "Bearer nope"}).status_code == 403
+    assert app_client.delete(f"/v2/he/keys/{key['key_id']}",
+                             headers={"Authorization": f"bearer {key['key_secret']}"}).status_code == 200
+    assert _infer(app_client, "tiny-he", he, key, payload).status_code == 404
+    keys = [_register(flooder, "tiny-he", steps=[])[2] for _ in range(3)]  # the third evicts this source's first
+    first = app_client.delete(f"/v2/he/keys/{keys[0]['key_id']}", headers={"Authorization": f"Bearer {oip.token}"})
+    assert first.status_code == 404 and "no evaluation keys" in first.json()["error"]
+    for k in keys[1:]:  # the operator may delete any key set, with a lower-case scheme too (19.6)
+        assert app_client.delete(f"/v2/he/keys/{k['key_id']}",
+                                 headers={"authorization": f"BEARER {oip.token}"}).status_code == 200
+
+
+def test_bearer_scheme_is_case_insensitive(app_client, oip) -> None:
+    # 19.6: RFC 6750's scheme name is case-insensitive; "bearer TOKEN" was refused
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        r = app_client.post("/v2/repository/index", headers={"Authorization": f"{scheme} {oip.token}"})
+        assert r.status_code == 200, (scheme, r.text)
+    assert app_client.post("/v2/repository/index", headers={"Authorization": f"Basic {oip.token}"}).status_code == 401
+
+
+@pytest.mark.parametrize(("model", "count", "status"), [("tiny-he", 9, 413), ("tiny-he-two", 3, 413),
+                                                         ("tiny-he-batch", 7, 413), ("tiny-he-batch", 5, 400)])
+def test_ciphertexts_per_request_are_bounded_by_the_layout(app_client, tiny_key, batch_key, model: str, count: int,
+                                                           status: int) -> None:
+    # 19.3: any number of ciphertexts was evaluated (8 took 25 s of CPU); latency takes he_max_ciphertexts (8),
+    # throughput exactly one per input feature (6)
+    ring, _, key = batch_key if model == "tiny-he-batch" else tiny_key
+    he = _he(app_client, model)
+    assert he["max_ciphertexts"] == {"tiny-he": 8, "tiny-he-two": 2, "tiny-he-batch": 6}[model]
+    r = _infer(app_client, model, he, key, ring.encrypt_to_bytes([_vector(he)] * count))
+    assert r.status_code == status, r.text
+    assert ("at most" if status == 413 else "one ciphertext per input feature") in r.json()["error"]
+
+
+def _crafted(ring, he: dict, kind: str) -> bytes:
+    """A ciphertext container SEAL loads and finds valid, but that would fail mid-evaluation."""
+    import tenseal.sealapi as sa
+    from veil.he.serialize import ciphertexts_to_bytes
+
+    params = ring.params
+    if kind == "zero-non-ntt":
+        ct = sa.Ciphertext(params.seal_context())
+        ct.resize(params.seal_context(), 2)
+        return ciphertexts_to_bytes([ct])
+    [ct] = ring.encrypt([_vector(he)])
+    ct.scale = {"nan": float("nan"), "off-1e-10": params.scale * (1 + 1e-10), "inf": float("inf")}[kind]
+    return ciphertexts_to_bytes([ct])
+
+
+@pytest.mark.parametrize(("kind", "match"), [("nan", "scale: expected exactly"), ("off-1e-10", "scale: expected exactly"),
+                                             ("inf", "scale: expected exactly"), ("zero-non-ntt", "is_ntt_form")])
+def test_ciphertexts_that_seal_would_fail_on_are_refused_before_evaluation(app_client, tiny_key, kind: str,
+                                                                           match: str) -> None:
+    # 19.4: a NaN scale or one off by 1e-10 passed, and an all-zero non-NTT ciphertext was accepted: SEAL then
+    # failed mid-evaluation and the client got a 500
+    ring, he, key = tiny_key
+    r = _infer(app_client, "tiny-he", he, key, _crafted(ring, he, kind))
+    assert r.status_code == 400 and match in r.json()["error"], r.text
+
+
+def test_seal_errors_during_evaluation_are_400_with_one_log_line(app_client, tiny_key, caplog, monkeypatch) -> None:
+    # 19.4: a SEAL error mid-evaluation was a 500 with two full tracebacks in the log (a log flood for anyone)
+    ring, he, key = tiny_key
+    model = app_client.app.state.dataplane.get_model("tiny-he")
+
+    def seal_refuses(cts, keys):
+        raise ValueError("encrypted_ntt is not valid for encryption parameters")
+
+    monkeypatch.setattr(model.stages[0].evaluator, "run", seal_refuses)
+    with caplog.at_level("INFO"):
+        r = _infer(app_client, "tiny-he", he, key, ring.encrypt_to_bytes([_vector(he)]))
+    assert r.status_code == 400 and "SEAL refused" in r.json()["error"]
+    records = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    assert len(records) == 1 and records[0].exc_info is None and "SEAL refused" in records[0].getMessage()
+    monkeypatch.undo()
+    assert _infer(app_client, "tiny-he", he, key, ring.encrypt_to_bytes([_vector(he)])).status_code == 200
 
 
 # -- issue 18 §2: plans deeper than one parameter set, in client-refresh rounds ---------------------------------
@@ -208,3 +396,41 @@ def test_refresh_rounds_replayed_out_of_order_or_foreign_are_refused(deep_repo, 
     with pytest.raises(ServerError, match=r"HTTP 409.*(replayed|no open request)"):  # the last round replayed
         send(a, second, 1)
     assert b.decrypt(send(b, b_second, 1)).shape == (1, 3)  # b's request was untouched: still serving
+
+
+def test_fuzzed_key_uploads_and_requests_get_4xx_and_the_server_keeps_serving(app_client, tiny_key) -> None:
+    # issue 19, fuzzing in CI: mutated key bundles and request envelopes over HTTP never get a 5xx
+    import datetime
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from veil.he.envelope import seal_envelope
+
+    ring, he, key = tiny_key
+    bundle = ring.evaluation_keys().to_bytes()
+    envelope = seal_envelope(ring.encrypt_to_bytes([_vector(he)]), kind="request", key_id=key["key_id"],
+                             params_hash=he["params_hash"], plan_hash=he["plan_hash"], meta={"batch": 1})
+
+    @st.composite
+    def mutated(draw, data: bytes) -> bytes:
+        out = bytearray(data)
+        for _ in range(draw(st.integers(1, 4))):
+            out[draw(st.integers(0, len(out) - 1))] = draw(st.integers(0, 255))
+        return bytes(out[:draw(st.integers(0, len(out)))]) if draw(st.booleans()) else bytes(out)
+
+    @settings(max_examples=40, deadline=datetime.timedelta(seconds=10), derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(upload=mutated(bundle) | st.binary(max_size=256), request=mutated(envelope))
+    def probe(upload: bytes, request: bytes) -> None:
+        r = app_client.post("/v2/he/keys", content=upload)
+        assert 400 <= r.status_code < 500 and "error" in r.json(), r.text
+        header = json.dumps({"inputs": [{"name": "ciphertext", "shape": [1], "datatype": "BYTES",
+                                         "parameters": {"binary_data_size": 4 + len(request)}}],
+                             "parameters": {"key_id": key["key_id"], "key_secret": key["key_secret"]}}).encode()
+        r = app_client.post("/v2/models/tiny-he/infer", content=header + struct.pack("<I", len(request)) + request,
+                            headers={"Inference-Header-Content-Length": str(len(header))})
+        assert r.status_code == 200 or (400 <= r.status_code < 500 and "error" in r.json()), r.text  # 200: unchanged
+
+    probe()
+    assert app_client.get("/v2/health/ready").status_code == 200
+    assert _infer(app_client, "tiny-he", he, key, ring.encrypt_to_bytes([_vector(he)])).status_code == 200
