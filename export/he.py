@@ -26,6 +26,7 @@ from veil.he.segments import compile_segmented
 from veil.training.checkpoint import checkpoint_hash
 from veil.training.uldnet import load_uldnet
 
+from .he_params import parameter_choice
 from .onnx_export import export_graph
 from .repository import NAME_PATTERN, model_folder
 from .swap import ExportError
@@ -63,6 +64,7 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
         "classes": config["data"]["classes"], "input_shape": shape, "levels": plan.levels,
         "parameters": params.to_dict(), "params_hash": params.hash(), "plan_hash": plan.hash(),
         "galois_steps": plan.galois_steps, "describe": describe(params, plan.galois_steps),
+        "parameter_choice": parameter_choice(plan),  # the smallest N that holds the (first) plan, and why
         "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
         "export": graph.info, "rounds": segmented.rounds, "cuts": segmented.cuts,
         "segmentation": segmented.report,

@@ -47,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
                          refresh=args.refresh, max_poly_modulus_degree=args.max_poly_modulus_degree)
     print(json.dumps({k: manifest[k] for k in ("name", "mode", "levels", "parameters", "galois_steps", "plan_hash",
                                                "rounds", "cuts")}
-                     | {"sizes_bytes": manifest["describe"]["sizes_bytes"], "segmentation": manifest["segmentation"]},
+                     | {"sizes_bytes": manifest["describe"]["sizes_bytes"], "segmentation": manifest["segmentation"],
+                        "parameter_choice": manifest["parameter_choice"]["why"]},
                      indent=1))
+    print(f"parameters: {manifest['parameter_choice']['why']}", file=sys.stderr)
     return 0
 
 
