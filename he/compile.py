@@ -59,8 +59,9 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
             N/2 samples per call, no rotations).
         precision_bits: fractional bits wanted after a multiply; passed to ``select_parameters``.
         rotation_keys: the key manifest of a latency plan: "exact" (one Galois key per rotation step: the
-            fastest), "pow2" (signed powers of two only, each rotation in non-adjacent form: the fewest
-            keys) or "budget:K" (exact keys for the K most used steps, powers of two for the rest).
+            fastest), "pow2" (signed powers of two only, each rotation in non-adjacent form), "binary"
+            (positive powers of two only: the fewest keys, at most log2(N/2)) or "budget:K" (exact keys
+            for the K most used steps, signed powers of two for the rest).
 
     Raises:
         CompileError: an op that is not polynomial or not supported, named with a hint.
@@ -82,7 +83,7 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
     if not shape or min(shape) < 1:
         raise CompileError(f"compile: input {source.name!r} expected static per-sample dims (B, ...), "
                            f"received {[d.dim_param or d.dim_value for d in source.type.tensor_type.shape.dim]}")
-    builder = Builder(latency=mode == "latency")
+    builder = Builder()
     features = int(np.prod(shape))
     tensors: dict[str, Any] = {source.name: Affine({builder.input(features, shape): np.eye(features)},
                                                    np.zeros(features), shape)}

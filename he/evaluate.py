@@ -239,11 +239,15 @@ class PlanEvaluator:
                 (ev.add if kind == "add" else ev.add_plain)(a[j % len(a)], others[j % len(others)], ct)
                 out.append(ct)
             return [out]
-        total = None  # sumsq: sum the degree-2 squares first, relinearize and rescale once
+        total = None  # sumsq: sum the degree-2 squares first (minus n mean^2), relinearize and rescale once
         for c in xs[0]:
             sq = Ct()
             ev.square(chain.at(c, level - 1), sq)
             total = _accumulate(ev, total, sq)
+        if len(xs) == 2:
+            sq = Ct()
+            ev.square(chain.at(xs[1][0], level - 1), sq)
+            ev.sub_inplace(total, _times(ev, sq, len(xs[0])))
         ev.relinearize_inplace(total, keys.relin)
         return [[chain.rescale(total)]]
 

@@ -4,7 +4,7 @@ The input sits in natural NCHW order (slot ``c H W + i W + j`` of its block). A 
 chosen among a few candidates by the rotations it costs (:func:`veil.he.packing.best_split`):
 
 - *in place* on the input's spatial grid: output (co, i, j) at ``co S + g s (i W0 + j)`` for a stride s
-  (1, 2, 4, ...; a strided convolution or a pooling), so the gap g of he.md §7.2 is multiplied by s and the
+  (1, 2, 3, ...; a strided convolution or a pooling), so the gap g of he.md §7.2 is multiplied by s and the
   next layer's taps rotate by ``g s (di W0 + dj)``; a global pooling (s = H) leaves channel co at ``co S``;
 - *compact* ``0 .. F - 1`` (a dense layer; for a (C, H, W) output a new dense base grid, which repacks a
   strided layer's output inside its own masks at no extra cost);
@@ -85,12 +85,10 @@ def candidates(shape: tuple[int, ...], inputs: list[Layout]) -> list[Layout]:
     grids = list(dict.fromkeys(x.grid for x in inputs if x.grid is not None))
     found: list[Layout] = []
     for grid in grids if len(shape) == 3 else []:
-        stride = 1
-        while stride <= max(grid.rows, grid.row):
+        for stride in range(1, max(grid.rows, grid.row) + 1):
             layout = in_place(grid, shape, stride)
             if layout is not None:
                 found.append(layout)
-            stride *= 2
     found.append(natural(shape))  # compact: a new base grid when spatial (a repack inside this op's masks)
     grid = grids[0] if grids else None
     if grid is not None and features > 1:

@@ -7,7 +7,7 @@ product are pushed into the producer of a value (a *twin*, see :meth:`Builder.tw
 a plaintext multiply. Costs after the input's linear op (he.md §1.7):
 
     PolyNorm          3 levels: s^2 summed, (sqrt(a) mu v - sqrt(a) b)^2, (x - E[x]) * g; gain and bias stay pending
-                      (latency plans never build the dense centring matrix: with s = kappa x and the broadcast
+                      (the dense centring matrix is never built: with s = kappa x and the broadcast
                       m = -kappa E[x], sum (kappa d)^2 = sum s^2 - n m^2 and kappa d g = s g + m g)
     PolyAct degree 1  0 levels  (leading coefficient folded into the producer)
     PolyAct degree 2  1 level   y * (q2 y + q1) + q0, with q2 y a twin of y
@@ -58,8 +58,7 @@ class Affine:
 class Builder:
     """Accumulates plan ops, values and tensors while the compiler walks the graph."""
 
-    def __init__(self, latency: bool = False) -> None:
-        self.latency = latency
+    def __init__(self) -> None:
         self.ops: list[dict[str, Any]] = []
         self.values: dict[str, dict[str, int]] = {}
         self.tensors: dict[str, np.ndarray] = {}
@@ -143,14 +142,15 @@ class Builder:
         """A value equal to ``gain * value`` (elementwise) at the same level where possible.
 
         linear: one more output of the same op; mul: the twin of its non-broadcast factor times the other;
-        add / add_const: twins of the summands. Anything else pays a diagonal linear op (1 level). In latency
-        plans a per-feature copy of a broadcast value is such a diagonal op (one mask, no rotation), taken on
-        the lower-level factor of a product of two broadcast values so that it costs no level.
+        add / add_const: twins of the summands. Anything else pays a diagonal linear op (1 level). A
+        per-feature copy of a broadcast value is such a diagonal op (one mask and no rotation in latency
+        plans, n scalar products in throughput plans), taken on the lower-level factor of a product of two
+        broadcast values so that it costs no level.
         """
         op = self.producer.get(value)
         kind = op["op"] if op else "input"
         spread = self.values[value]["features"] == 1 and len(gain) > 1
-        if kind == "linear" and not (self.latency and spread):
+        if kind == "linear" and not spread:
             k = op["outputs"].index(value)
             weights = [self.tensor(gain[:, None] * self.tensors[t]) for t in op["weights"][k]]
             out = self.new_value(len(gain), op["level"], self.shape(value))
@@ -181,21 +181,14 @@ class Builder:
                              f"running_var={rv}")
         n = expr.features
         kappa = math.sqrt(math.sqrt(a) * mu / (n * rv))  # sum (kappa d)^2 = sqrt(a) mu Var / Var_bar
-        if self.latency:  # s = kappa x, m = -kappa E[x]: sum (kappa d)^2 = sum s^2 - n m^2, kappa d = s + m
-            s = self.linear(expr.then(np.eye(n) * kappa, np.zeros(n), expr.shape), node)
-            m = self.extra_output(s, expr.then(np.full((1, n), -kappa / n), np.zeros(1), (1,)))
-            u = self.sumsq(s, node, m)
-        else:
-            centre = np.eye(n) - np.full((n, n), 1.0 / n)  # x - E[x]
-            d = self.linear(expr.then(centre, np.zeros(n), expr.shape), node)
-            u = self.sumsq(self.twin(d, np.full(n, kappa), node), node)
-        t = self.add_const(u, np.array([-math.sqrt(a) * b]), node)  # sqrt(a) (mu v - b)
+        # s = kappa x and m = -kappa E[x] (broadcast): sum (kappa d)^2 = sum s^2 - n m^2 and kappa d = s + m, so
+        # the dense centring I - 11^T / n never reaches a matrix (a conv stays sparse)
+        s = self.linear(expr.then(np.eye(n) * kappa, np.zeros(n), expr.shape), node)
+        m = self.extra_output(s, expr.then(np.full((1, n), -kappa / n), np.zeros(1), (1,)))
+        t = self.add_const(self.sumsq(s, node, m), np.array([-math.sqrt(a) * b]), node)  # sqrt(a) (mu v - b)
         g = self.add_const(self.mul(t, t, node), np.array([c]), node)  # a (mu v - b)^2 + c
-        gain = math.sqrt(mu / rv) * weight
-        if self.latency:  # kappa d g, the 1 / kappa pending
-            return Affine({self.add(self.mul(s, g, node), self.mul(m, g, node), node): np.diag(gain / kappa)},
-                          bias.astype(np.float64), expr.shape)
-        return Affine({self.mul(d, g, node): np.diag(gain)}, bias.astype(np.float64), expr.shape)
+        y = self.add(self.mul(s, g, node), self.mul(m, g, node), node)  # kappa d g; the 1 / kappa stays pending
+        return Affine({y: np.diag(math.sqrt(mu / rv) * weight / kappa)}, bias.astype(np.float64), expr.shape)
 
     def polyact(self, expr: Affine, coeffs: np.ndarray, node: str) -> str:
         """sum_i coeffs[i] * x^i elementwise; coeffs (n + 1, F). A pending diagonal affine folds in."""

@@ -29,9 +29,11 @@ leftovers (a dense centring ``-E[x]`` is evaluated as a broadcast, not a dense m
 them and every sum of squares reads only clean values (see :mod:`veil.he.layout`).
 
 Rotation keys: ``"exact"`` asks one Galois key per distinct step (fewest key switches), ``"pow2"`` only the
-signed powers of two its steps decompose into (non-adjacent form: popcount key switches per rotation;
-fewest keys), ``"budget:K"`` exact keys for the K most used steps and powers of two for the rest. The key
-manifest is exactly the set of steps :func:`decompose` returns for the plan's rotations.
+signed powers of two its steps decompose into (non-adjacent form: popcount key switches per rotation, at
+most 2 log2(N/2) keys), ``"binary"`` only positive powers of two (the binary digits of the step modulo
+N/2: the fewest keys, at most log2(N/2), more key switches for negative steps), ``"budget:K"`` exact
+keys for the K most used steps and signed powers of two for the rest. The key manifest is exactly the
+set of steps :func:`decompose` returns for the plan's rotations.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-KEY_MODES = ("exact", "pow2", "budget:K")
+KEY_MODES = ("exact", "pow2", "binary", "budget:K")
 
 
 def next_pow2(n: int) -> int:
@@ -121,9 +123,15 @@ def pow2_steps(step: int, slots: int) -> list[int]:
     return min(options, key=lambda ds: (len(ds), ds != options[0]))
 
 
+def binary_steps(step: int, slots: int) -> list[int]:
+    """``step`` modulo slots as positive powers of two (its binary digits)."""
+    step %= slots
+    return [1 << k for k in range(step.bit_length()) if step >> k & 1]
+
+
 def parse_key_mode(rotation_keys: str) -> tuple[str, int]:
-    """("exact" | "pow2" | "budget", K); refuses anything else naming the field."""
-    if rotation_keys in ("exact", "pow2"):
+    """("exact" | "pow2" | "binary" | "budget", K); refuses anything else naming the field."""
+    if rotation_keys in ("exact", "pow2", "binary"):
         return rotation_keys, 0
     if isinstance(rotation_keys, str) and rotation_keys.startswith("budget:") and rotation_keys[7:].isdigit():
         return "budget", int(rotation_keys[7:])
@@ -140,23 +148,24 @@ def key_manifest(uses: Counter, rotation_keys: str, slots: int) -> list[int]:
     keys = {_signed(s, slots) for s in exact}
     for s in steps:
         if s not in exact:
-            keys.update(pow2_steps(s, slots))
+            keys.update(binary_steps(s, slots) if mode == "binary" else pow2_steps(s, slots))
     return sorted(keys)
 
 
 def decompose(step: int, keys: set[int], slots: int) -> list[int]:
-    """The key steps a rotation by ``step`` is done with: itself when it has a key, else its power-of-two form."""
+    """The key steps a rotation by ``step`` is done with: itself when it has a key, else its non-adjacent
+    form when every digit has a key, else its binary digits."""
     step %= slots
     if step == 0:
         return []
-    if step in {k % slots for k in keys}:
+    have = {k % slots for k in keys}
+    if step in have:
         return [_signed(step, slots)]
-    parts = pow2_steps(step, slots)
-    missing = [p for p in parts if p % slots not in {k % slots for k in keys}]
-    if missing:
-        raise ValueError(f"rotation by {_signed(step, slots)}: Galois keys for steps {missing} are not in the "
-                         f"manifest {sorted(keys)}")
-    return parts
+    for parts in (pow2_steps(step, slots), binary_steps(step, slots)):
+        if all(p % slots in have for p in parts):
+            return parts
+    raise ValueError(f"rotation by {_signed(step, slots)}: Galois keys for steps {pow2_steps(step, slots)} are not "
+                     f"in the manifest {sorted(keys)}")
 
 
 def _signed(step: int, slots: int) -> int:

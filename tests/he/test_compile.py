@@ -105,7 +105,8 @@ def simulate(plan: Plan, x: np.ndarray) -> np.ndarray:
         elif op["op"] == "add_const":
             outs = [xs[0] + plan.tensors[op["const"]]]
         else:  # sumsq
-            outs = [np.sum(xs[0] ** 2, axis=1, keepdims=True)]
+            mean = xs[0].shape[1] * xs[1] ** 2 if len(xs) == 2 else 0
+            outs = [np.sum(xs[0] ** 2, axis=1, keepdims=True) - mean]
         values.update(zip(op["outputs"], outs, strict=True))
     return plan.decode_outputs(list(values[plan.spec["outputs"][0]["value"]].T), len(x))
 

@@ -56,7 +56,7 @@ def test_encrypted_matches_onnx_runtime(name: str, mode: str) -> None:
 
 def _two_layer_plan(w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray) -> Plan:
     """x -> W1 x + b1 -> W2 (.) + b2 as two separate linear ops (no folding), latency mode."""
-    builder = Builder(latency=True)
+    builder = Builder()
     x = builder.input(w1.shape[1])
     hidden = builder.linear(Affine({x: w1}, b1, (len(b1),)), "first")
     out = builder.linear(Affine({hidden: w2}, b2, (len(b2),)), "second")
