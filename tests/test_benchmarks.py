@@ -140,3 +140,16 @@ def test_optim_lora_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert set(summary["mean"]) == {"adamw", "adams", "lracs", "lracs_bc"}
     assert summary["state_bytes"]["lracs"] < summary["state_bytes"]["adamw"] < summary["state_bytes"]["adams"]
     assert (tmp_path / "img" / "optim_lora_loss.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_he_deep_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("he_deep")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results" / "he_deep.json").read_text())
+    cnn = report["cnn"]
+    assert cnn["rounds"] >= 2 and cnn["unsegmented_levels"] == 28 and len(cnn["bytes_per_round"]) == cnn["rounds"]
+    assert cnn["argmax_agreement"] == 1.0 and set(cnn["seconds_per_image"]) >= {"server_s", "refresh_s", "network_s"}
+    assert report["vit"]["status"] in ("compiles", "not compiled yet")
+    text = (tmp_path / "results.md").read_text()
+    assert text.count("<!-- he_deep:begin -->") == 1 and "| PolyCNN |" in text and "| PolyViT |" in text
