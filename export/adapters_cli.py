@@ -4,6 +4,9 @@ Writes ``<repo>/<name>/1/model.onnx`` (LoRA A/B as graph inputs with zero defaul
 active), ``<repo>/<name>/adapters/<id>.onnx_adapter`` (one per adapter, stock ONNX Runtime format) and veil.json
 listing the adapters; with ``--merged`` also one merged model ``<repo>/<name>-<id>`` per adapter. Every adapter is
 checked against PyTorch (base + adapter applied unmerged), and against its merged graph with ``--merged``.
+A ``veil finetune`` text run (``--adapter ID=runs/lora-topic``) brings its classifier head: the graph then also
+outputs ``logits`` (the head on the mean-pooled embedding, each adapter with its own labels; 0 columns when no
+adapter with a head is active).
 
 Examples:
     veil export adapters bundled:all-MiniLM-L6-v2 --adapter tenant1=runs/lora1 --repo models --name minilm
@@ -36,7 +39,8 @@ def build_parser(prog: str = "veil export adapters") -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("base", help="base encoder: bundled:all-MiniLM-L6-v2 or a transformers folder")
     parser.add_argument("--adapter", type=adapter_arg, action="append", required=True, metavar="ID=FOLDER",
-                        help="a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors); repeatable")
+                        help="a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) or a `veil "
+                             "finetune` LoRA run (its head becomes the `logits` output); repeatable")
     parser.add_argument("--repo", type=Path, required=True, help="model repository folder (created if missing)")
     parser.add_argument("--name", required=True, help="model name in the repository")
     parser.add_argument("--version", type=int, default=1, help="version folder to write (default: 1)")

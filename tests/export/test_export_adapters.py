@@ -129,3 +129,68 @@ def test_cli_minilm_merged_parity(tmp_path: Path) -> None:
     for case in manifest["adapters"][0]["parity"]["cases"]:
         assert case["sentence_embedding"]["max_abs_diff_vs_merged"] <= 1e-5
     assert (tmp_path / "repo" / "minilm-t1" / "1" / "model.onnx").is_file()
+
+
+# -- issue 19, item 17: `veil finetune` outputs carry their classifier head --------------------------------------
+def finetune_style_run(base: BertModel, folder: Path, labels: list[str], seed: int) -> tuple[Path, torch.nn.Module]:
+    """What `veil finetune --method lora` writes for a text task: a LoRA over MeanPoolClassifier (targets under
+    ``bert.``) with the head in modules_to_save, finetune.json and metrics.json; and the trained torch model."""
+    import copy
+
+    from veil.training.adapters import LoraConfig as VeilLora
+    from veil.training.adapters import inject
+    from veil.training.adapters.finetune import MeanPoolClassifier
+
+    torch.manual_seed(seed)
+    classifier = MeanPoolClassifier(copy.deepcopy(base), len(labels))
+    model = inject(classifier, VeilLora(r=4, lora_alpha=8, target_modules=["query", "value"],
+                                        modules_to_save=["classifier"]))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    model.save_pretrained(folder)
+    (folder / "finetune.json").write_text(json.dumps({"method": "lora", "task": "number", "seed": seed}))
+    (folder / "metrics.json").write_text(json.dumps({"labels": labels, "test_accuracy": 0.5}))
+    return folder, model.eval()
+
+
+def test_a_finetune_run_exports_with_its_head_in_the_graph(tmp_path: Path) -> None:
+    """Formerly refused ("LoRA on Linear layers only"): the head becomes the graph's `logits` output, per adapter."""
+    model, config = tiny_encoder()
+    clf, trained = finetune_style_run(model.encoder, tmp_path / "clf", ["neg", "neu", "pos"], seed=5)
+    plain = save_adapter(model.encoder, tmp_path / "plain", 2, 4, ["dense"], seed=6)
+    manifest = export_adapters(model, sentence_encoder_spec(config), {"clf": clf, "plain": plain}, tmp_path / "repo",
+                               "tiny", merged_models=True)
+    rows = {row["id"]: row for row in manifest["adapters"]}
+    assert rows["clf"]["head"] == {"num_labels": 3, "labels": ["neg", "neu", "pos"], "output": "logits"}
+    assert "head" not in rows["plain"] and manifest["head"]["inputs"] == ["head.weight", "head.bias"]
+    graph = ort.InferenceSession(str(tmp_path / "repo" / "tiny" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in graph.get_outputs()] == ["sentence_embedding", "logits"]
+    inputs = random_tokens(config.vocab_size, batch=3, sequence=9, seed=7)
+    feeds = {k: v.numpy() for k, v in inputs.items()}
+    with torch.no_grad():
+        expected = trained(*inputs.values()).numpy()  # the fine-tuned classifier's own logits
+    options = ort.RunOptions()
+    adapter = ort.LoraAdapter()
+    adapter.Load(str(tmp_path / "repo" / "tiny" / "adapters" / "clf.onnx_adapter"))
+    options.add_active_adapter(adapter)
+    embedding, logits = graph.run(None, feeds, run_options=options)
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-5)
+    assert graph.run(None, feeds)[1].shape == (3, 0)  # no adapter: no head
+    merged = ort.InferenceSession(str(tmp_path / "repo" / "tiny-clf" / "1" / "model.onnx"),
+                                  providers=["CPUExecutionProvider"])
+    merged_embedding, merged_logits = merged.run(None, feeds)
+    np.testing.assert_allclose(merged_logits, expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(merged_embedding, embedding, atol=1e-5)
+    pbtxt = (tmp_path / "repo" / "tiny" / "config.pbtxt").read_text()
+    assert 'name: "logits"' in pbtxt
+
+
+def test_a_saved_module_that_is_not_a_finetune_head_says_what_to_do(tmp_path: Path) -> None:
+    model, _ = tiny_encoder()
+    clf, _ = finetune_style_run(model.encoder, tmp_path / "clf", ["a", "b"], seed=1)
+    (clf / "finetune.json").unlink()  # a PEFT folder with a head of unknown architecture
+    with pytest.raises(ExportError, match=r"saved module.*veil export finetuned RUN"):
+        read_lora("x", clf)
