@@ -400,8 +400,6 @@ def test_refresh_rounds_replayed_out_of_order_or_foreign_are_refused(deep_repo, 
 
 def test_fuzzed_key_uploads_and_requests_get_4xx_and_the_server_keeps_serving(app_client, tiny_key) -> None:
     # issue 19, fuzzing in CI: mutated key bundles and request envelopes over HTTP never get a 5xx
-    import datetime
-
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
     from veil.he.envelope import seal_envelope
@@ -418,7 +416,7 @@ def test_fuzzed_key_uploads_and_requests_get_4xx_and_the_server_keeps_serving(ap
             out[draw(st.integers(0, len(out) - 1))] = draw(st.integers(0, 255))
         return bytes(out[:draw(st.integers(0, len(out)))]) if draw(st.booleans()) else bytes(out)
 
-    @settings(max_examples=40, deadline=datetime.timedelta(seconds=10), derandomize=True,
+    @settings(max_examples=40, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
     @given(upload=mutated(bundle) | st.binary(max_size=256), request=mutated(envelope))
     def probe(upload: bytes, request: bytes) -> None:

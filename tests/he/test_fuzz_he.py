@@ -4,13 +4,12 @@ bundles (and the key store's register), ciphertext containers, keyring files.
 Each property feeds mutated, truncated, re-packed (checksum recomputed, so parsing goes past the checksum)
 and random inputs, and asserts that only a ``veil.he.HEError`` subclass ever escapes: no bare
 RuntimeError/TypeError/OverflowError, no hang. Inputs are bounded in size and the examples per property in
-count (a few seconds each); the deadline is a generous hang guard, far above the milliseconds one parse takes.
+count (a few seconds each); no deadline (timing never decides a test on a shared machine).
 The HTTP side (4xx, server keeps serving) is fuzzed in tests/engine/test_he_serving.py.
 """
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from veil.he.params import CkksParameters
 from veil.he.serialize import CIPHERTEXTS_MAGIC, CIPHERTEXTS_VERSION, ciphertexts_from_bytes, pack, unpack
 
 PARAMS = CkksParameters(8192, (60, 40, 60), 40)
-FUZZ = settings(max_examples=80, deadline=datetime.timedelta(seconds=5), derandomize=True,
+FUZZ = settings(max_examples=80, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=20),
