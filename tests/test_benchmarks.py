@@ -69,6 +69,21 @@ def test_he_digits_benchmark_quick(load_benchmark, tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_he_cnn_benchmark_quick(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("he_cnn")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results" / "he_cnn.json").read_text())
+    assert {"a_tenseal_tutorial", "b_veil_same_cnn_exact", "b_veil_same_cnn_pow2", "b_veil_same_cnn_throughput",
+            "c_veil_polycnn_exact"} <= set(report["runs"])
+    runs = report["runs"]
+    assert runs["b_veil_same_cnn_pow2"]["eval_key_bytes"] < runs["b_veil_same_cnn_exact"]["eval_key_bytes"]
+    assert all(r["argmax_agreement"] == 1.0 for k, r in runs.items() if k.startswith(("b_", "c_")))
+    assert runs["c_veil_polycnn_exact"]["levels"] == 8 and "c_1_image<=a" in report["targets"]["met"]
+    assert "<!-- he_cnn:begin -->" in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "img" / "he_cnn_keys.png").stat().st_size > 5_000
+
+
+@pytest.mark.slow
 def test_adapters_serving_benchmark_quick(load_benchmark, tmp_path) -> None:
     module = load_benchmark("adapters_serving")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
