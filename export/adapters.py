@@ -34,7 +34,6 @@ import inspect
 import json
 import math
 import re
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,8 +47,6 @@ import torch
 from onnx import numpy_helper
 from safetensors.torch import load_file
 from torch import nn
-
-from veil.config import atomic_dir, write_atomic
 
 from .encoder import DYNAMIC, random_tokens
 from .onnx_export import ExportedGraph, export_graph
@@ -474,11 +471,9 @@ def export_adapters(model: nn.Module, spec: ExportSpec, adapters: dict[str, str 
             full["head"] = {"inputs": list(HEAD_INPUTS), "output": "logits",
                             "on": "masked mean of the last hidden state, before normalisation",
                             "default": "0 labels (logits (batch, 0)) when no adapter or an adapter without a head"}
-        write_model(repo, name, version, graph.model, spec.inputs, spec.outputs, full, max_batch_size=max_batch_size)
-        with atomic_dir(Path(repo) / name / "adapters") as folder:
-            for lora in loras:
-                shutil.copy2(Path(tmp) / f"{lora.adapter_id}.onnx_adapter", folder / f"{lora.adapter_id}.onnx_adapter")
-    config = Path(repo) / name / "config.pbtxt"
-    write_atomic(config, config.read_text() + f'parameters {{ key: "adapter_cache_size" value: {{ string_value: '
-                                              f'"{cache_size}" }} }}\n')
+        files = {f"adapters/{lora.adapter_id}.onnx_adapter": Path(tmp) / f"{lora.adapter_id}.onnx_adapter"
+                 for lora in loras}
+        cache = f'parameters {{ key: "adapter_cache_size" value: {{ string_value: "{cache_size}" }} }}\n'
+        write_model(repo, name, version, graph.model, spec.inputs, spec.outputs, full, max_batch_size=max_batch_size,
+                    model_files=files, config_extra=cache)  # graph, adapters and config.pbtxt published at once
     return full

@@ -79,11 +79,12 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 @contextlib.contextmanager
-def model_folder(repo: str | Path, name: str, version: int) -> Iterator[tuple[Path, Path]]:
+def model_folder(repo: str | Path, name: str, version: int, drop: tuple[str, ...] = ()) -> Iterator[tuple[Path, Path]]:
     """Assemble ``<repo>/<name>`` under a temporary name and publish it whole, in one atomic step.
 
     Yields ``(folder, version_folder)``: the temporary model folder, pre-filled with everything the published
-    one holds except ``<version>``, and its empty ``<version>`` folder. Write the version's files,
+    one holds except ``<version>`` and the entries named in ``drop`` (what the caller rewrites whole, e.g. an
+    ``adapters/`` folder), and its empty ``<version>`` folder. Write the version's files,
     ``config.pbtxt`` and ``veil.json`` into them; on exit the folder replaces the old one
     (:func:`veil.config.atomic_dir`), on an error the old one stays. The other versions' files are hard links
     (nothing big is copied; a version folder is never written into once published); the model's own files are
@@ -93,7 +94,7 @@ def model_folder(repo: str | Path, name: str, version: int) -> Iterator[tuple[Pa
     with atomic_dir(final) as folder:
         if final.is_dir():
             for entry in final.iterdir():
-                if entry.name == str(version) or entry.name.startswith("."):
+                if entry.name == str(version) or entry.name.startswith(".") or entry.name in drop:
                     continue
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.copytree(entry, folder / entry.name, symlinks=True,
@@ -107,8 +108,16 @@ def model_folder(repo: str | Path, name: str, version: int) -> Iterator[tuple[Pa
 
 def write_model(repo: str | Path, name: str, version: int, model: onnx.ModelProto, inputs: list[TensorSpec],
                 outputs: list[TensorSpec], manifest: dict[str, Any], max_batch_size: int = 64,
-                max_queue_delay_us: int | None = 500, extra_files: dict[str, Path] | None = None) -> Path:
-    """Write (or replace) ``<repo>/<name>/<version>`` and the model's config.pbtxt and veil.json."""
+                max_queue_delay_us: int | None = 500, extra_files: dict[str, Path] | None = None,
+                model_files: dict[str, Path] | None = None, config_extra: str = "") -> Path:
+    """Write (or replace) ``<repo>/<name>/<version>`` and the model's config.pbtxt and veil.json, in one publish.
+
+    Args:
+        extra_files: files of the version folder (relative path -> source).
+        model_files: files of the model folder beside the versions (e.g. ``adapters/<id>.onnx_adapter``); the
+            top-level entries they name replace the published ones whole.
+        config_extra: lines appended to config.pbtxt (e.g. ``parameters { ... }``).
+    """
     if not NAME_PATTERN.match(name):
         raise ExportError(f"--name: expected letters, digits, '_', '.', '-' (not starting with a symbol), received {name!r}")
     if version < 1:
@@ -118,12 +127,15 @@ def write_model(repo: str | Path, name: str, version: int, model: onnx.ModelProt
             raise ExportError(f"tensor {spec.name!r}: dtype {spec.dtype} has no Triton type; expected one of {sorted(DTYPES)}")
     full = {"format": 1, "name": name, "version": version, "inputs": [s.to_dict() for s in inputs],
             "outputs": [s.to_dict() for s in outputs], **manifest}
-    with model_folder(repo, name, version) as (folder, version_folder):
+    drop = tuple(sorted({Path(rel).parts[0] for rel in model_files or {}}))
+    with model_folder(repo, name, version, drop) as (folder, version_folder):
         onnx.save_model(model, str(version_folder / "model.onnx"))
-        for rel, src in (extra_files or {}).items():
-            target = version_folder / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, target)
+        for root, files in ((version_folder, extra_files), (folder, model_files)):
+            for rel, src in (files or {}).items():
+                target = root / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, target)
         (folder / "veil.json").write_text(json.dumps(full, indent=2, sort_keys=True, default=str))
-        (folder / "config.pbtxt").write_text(config_pbtxt(name, inputs, outputs, max_batch_size, max_queue_delay_us))
+        (folder / "config.pbtxt").write_text(config_pbtxt(name, inputs, outputs, max_batch_size, max_queue_delay_us)
+                                             + config_extra)
     return Path(repo) / name / str(version)

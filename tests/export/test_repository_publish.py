@@ -67,3 +67,16 @@ def test_a_failed_re_export_leaves_the_old_model_untouched(tmp_path: Path, monke
         write_model(tmp_path, "m", 1, identity(), *SPECS, {"kind": "test", "tag": "v2"})
     assert {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir() if p.is_file()} == before
     onnx.checker.check_model(onnx.load(str(tmp_path / "m" / "1" / "model.onnx")))
+
+
+def test_model_level_files_are_published_with_the_model_and_replace_the_old_ones(tmp_path: Path) -> None:
+    """`veil export adapters` used to publish the model, then adapters/, then rewrite config.pbtxt: three steps."""
+    (tmp_path / "a.onnx_adapter").write_bytes(b"a")
+    (tmp_path / "b.onnx_adapter").write_bytes(b"b")
+    write_model(tmp_path / "repo", "m", 1, identity(), *SPECS, {"kind": "test"},
+                model_files={"adapters/a.onnx_adapter": tmp_path / "a.onnx_adapter"}, config_extra="# one\n")
+    write_model(tmp_path / "repo", "m", 1, identity(), *SPECS, {"kind": "test"},
+                model_files={"adapters/b.onnx_adapter": tmp_path / "b.onnx_adapter"}, config_extra="# two\n")
+    model = tmp_path / "repo" / "m"
+    assert sorted(p.name for p in (model / "adapters").iterdir()) == ["b.onnx_adapter"]  # the old set is replaced
+    assert (model / "config.pbtxt").read_text().endswith("# two\n")
