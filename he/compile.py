@@ -156,7 +156,8 @@ def _lower(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str, np.n
         return
     if node.op_type in ("Mul", "Pow") and _is_product(node, tensors, consts):
         a, b = (tensors[node.input[0]], tensors[node.input[0]] if node.op_type == "Pow" else tensors[node.input[1]])
-        va, vb = builder.linear(a, name), builder.linear(b, name)
+        va = builder.linear(a, name)
+        vb = va if b is a else builder.linear(b, name)  # x * x: one linear op, then a square
         value = builder.mul(va, vb, name)
         tensors[node.output[0]] = Affine({value: np.eye(a.features)}, np.zeros(a.features), a.shape)
         return

@@ -47,6 +47,11 @@ class Block(nn.Module):
         return self.act2(self.conv2(self.act1(self.conv1(x))) + x)
 
 
+class Square(nn.Module):
+    def forward(self, x):
+        return x * x
+
+
 class Centred(nn.Module):
     """conv, minus its mean over every feature (an explicit ReduceMean), PolyAct, head."""
 
@@ -84,6 +89,8 @@ def build(name: str) -> nn.Module:
                              nn.Linear(4, 10)],
         "polynorm": lambda: [nn.Conv2d(1, 4, 3, padding=1), norm(4), act(4), nn.Conv2d(4, 8, 3, padding=1), *gap],
         "centred": lambda: [Centred()],
+        "tutorial": lambda: [nn.Conv2d(1, 4, 3, stride=2, padding=1), Square(), nn.Flatten(), nn.Linear(64, 32),
+                             Square(), nn.Linear(32, 10)],  # TenSEAL's tutorial CNN, scaled to 8 x 8 digits
         "conv_pair": lambda: [nn.Conv2d(1, 4, 3, padding=1), act(4), nn.Conv2d(4, 8, 3, padding=1), act(8), *gap],
     }
     return nn.Sequential(*models[name]())
@@ -129,7 +136,7 @@ def encrypted(plan: Plan, x: np.ndarray) -> tuple[np.ndarray, list[int]]:
     return plan.decode_outputs(ring.decrypt(out), len(x)), recorder.steps
 
 
-NAMES = ["k1", "k3_1-4-8_gap", "k5_pad0", "k3_stride2", "avgpool", "residual", "polynorm", "centred"]
+NAMES = ["k1", "k3_1-4-8_gap", "k5_pad0", "k3_stride2", "avgpool", "residual", "polynorm", "centred", "tutorial"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -270,6 +277,15 @@ def test_conv_rotations_are_about_taps_plus_channels() -> None:
     rotations = sum(map(len, conv["baby_steps"])) + sum(map(len, conv["giant_steps"]))
     before = dense_bsgs_rotations([throughput.tensors[w[0]] for w in dense["weights"]])
     assert outputs == 2 and rotations <= 8 + outputs * (4 + 8 - 2) < before
+
+
+def test_square_of_a_tensor_is_one_linear_op() -> None:
+    # x * x used to materialize its operand twice (two identical linear ops, twice the rotations)
+    plan = compile(exported("tutorial"), mode="latency")
+    linear = [op for op in plan.ops if op["op"] == "linear"]
+    squares = [op for op in plan.ops if op["op"] == "mul"]
+    assert len(linear) == 3 and len(squares) == 2
+    assert all(op["inputs"][0] == op["inputs"][1] for op in squares)
 
 
 def test_too_deep_cnn_refusal_names_nodes_and_levels() -> None:
