@@ -16,11 +16,13 @@ plaintext and encrypted inference are the same function by construction.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
+from veil.he.compile import compile as he_compile
 from veil.he.params import describe
 from veil.he.segments import compile_segmented
 from veil.training.checkpoint import checkpoint_hash
@@ -43,8 +45,10 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 
 def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "latency", version: int = 1,
               precision_bits: int = 20, refresh: bool = False,
-              max_poly_modulus_degree: int | None = None) -> dict[str, Any]:
+              max_poly_modulus_degree: int | None = None, rotation_keys: str = "exact") -> dict[str, Any]:
     """Compile a ULD-Net checkpoint into an HE plan and write it into ``repo``; returns the manifest.
+
+    ``rotation_keys`` is the latency plan's key manifest ("exact": fastest, "pow2": fewest keys, "budget:K").
 
     ``refresh`` opts this model into client-refresh rounds when it is deeper than one parameter set
     (off: such a model is refused); ``max_poly_modulus_degree`` (with ``refresh``) also cuts where a
@@ -56,7 +60,8 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
     shape = list(config["model"]["input_shape"])
     graph = export_graph(model, (torch.randn(4, *shape),), ["x"], ["logits"], {"x": {0: "batch"}})
     segmented = compile_segmented(graph.model, mode=mode, precision_bits=precision_bits, refresh=refresh,
-                                  max_poly_modulus_degree=max_poly_modulus_degree)
+                                  max_poly_modulus_degree=max_poly_modulus_degree,
+                                  compiler=functools.partial(he_compile, rotation_keys=rotation_keys))
     plan = segmented.plans[0]
     params = plan.parameters()
     manifest = {

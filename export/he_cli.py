@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="latency: one image per ciphertext; throughput: up to N/2 images per call")
     parser.add_argument("--version", type=int, default=1, help="version folder (default 1)")
     parser.add_argument("--precision-bits", type=int, default=20, help="fractional bits wanted after a multiply")
+    parser.add_argument("--rotation-keys", default="exact",
+                        help="latency key manifest: exact (fastest), pow2 (fewest keys) or budget:K (default exact)")
     parser.add_argument("--refresh", action="store_true",
                         help="cut a plan deeper than one 128-bit parameter set into segments; the client decrypts "
                              "and re-encrypts fresh between them (it learns the activations at the cuts; docs/he.md)")
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         print("veil export he: --max-poly-modulus-degree expected only with --refresh", file=sys.stderr)
         return 2
     manifest = export_he(args.checkpoint, args.repo, args.name, args.mode, args.version, args.precision_bits,
-                         refresh=args.refresh, max_poly_modulus_degree=args.max_poly_modulus_degree)
+                         refresh=args.refresh, max_poly_modulus_degree=args.max_poly_modulus_degree,
+                         rotation_keys=args.rotation_keys)
     print(json.dumps({k: manifest[k] for k in ("name", "mode", "levels", "parameters", "galois_steps", "plan_hash",
                                                "rounds", "cuts")}
                      | {"sizes_bytes": manifest["describe"]["sizes_bytes"], "segmentation": manifest["segmentation"],

@@ -45,15 +45,18 @@ def test_ring_fit_names_the_slot_shortage() -> None:
 
 
 @pytest.mark.slow
-def test_veil_export_he_prints_and_records_the_choice(tmp_path, capsys) -> None:
+def test_veil_export_he_prints_and_records_the_choice_and_takes_the_key_mode(tmp_path, capsys) -> None:
     from veil.export.he_cli import main as export_he_main
     from veil.training.uldnet import TrainConfig, load_digits_preset, save_uldnet, train_uldnet
 
     data = load_digits_preset()
     config = ModelConfig(input_shape=data.input_shape, **{**DIGITS_HE_PRESETS["mlp"]["model"], "width": 8})
     save_uldnet(train_uldnet(config, TrainConfig(epochs=2, warmup_epochs=1), data, progress=False), tmp_path / "ck", data)
-    assert export_he_main([str(tmp_path / "ck"), "--repo", str(tmp_path / "repo"), "--name", "m"]) == 0
+    assert export_he_main([str(tmp_path / "ck"), "--repo", str(tmp_path / "repo"), "--name", "m",
+                           "--rotation-keys", "pow2"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["parameter_choice"].startswith("N=16384 is the smallest") and "parameters: N=16384" in err
     manifest = json.loads((tmp_path / "repo" / "m" / "veil.json").read_text())
     assert manifest["parameter_choice"]["poly_modulus_degree"] == manifest["parameters"]["poly_modulus_degree"]
+    steps = manifest["galois_steps"]
+    assert steps and all(abs(s) & (abs(s) - 1) == 0 for s in steps)  # --rotation-keys pow2: powers of two only
