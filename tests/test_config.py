@@ -229,16 +229,19 @@ def test_stale_temporaries_of_dead_or_old_writers_are_swept_live_ones_kept(tmp_p
     import sys
     import time
 
-    from veil.config import STALE_AFTER_S, write_atomic
+    from veil.config import HOST, STALE_AFTER_S, write_atomic
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    stale_dir, stale_file = tmp_path / f".model.tmp-{dead}-0123abcd", tmp_path / f".f.json.tmp-{dead}-89abcdef"
-    live, old = tmp_path / f".other.tmp-{os.getpid()}-00000000", tmp_path / f".aged.tmp-{os.getpid()}-11111111"
+    stale_dir = tmp_path / f".model.tmp-{HOST}-{dead}-0123abcd"
+    stale_file = tmp_path / f".f.json.tmp-{HOST}-{dead}-89abcdef"
+    live = tmp_path / f".other.tmp-{HOST}-{os.getpid()}-00000000"
+    old = tmp_path / f".aged.tmp-{HOST}-{os.getpid()}-11111111"
+    elsewhere = tmp_path / f".remote.tmp-{'0000' if HOST != '0000' else '0001'}-{dead}-22222222"  # another host
     legacy = tmp_path / ".f.json.k3j_x9aq.tmp"  # mkstemp name of earlier releases
     stale_dir.mkdir()
     (stale_dir / "model.onnx").write_bytes(b"half")
-    for path in (stale_file, live, old, legacy):
+    for path in (stale_file, live, old, elsewhere, legacy):
         path.write_text("x")
     hour_ago = time.time() - STALE_AFTER_S - 60
     os.utime(old, (hour_ago, hour_ago))
@@ -246,7 +249,7 @@ def test_stale_temporaries_of_dead_or_old_writers_are_swept_live_ones_kept(tmp_p
     unrelated = tmp_path / ".hidden-by-the-user"
     unrelated.write_text("keep")
     write_atomic(tmp_path / "f.json", "{}")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["f.json", live.name, unrelated.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["f.json", live.name, elsewhere.name, unrelated.name])
 
 
 def test_files_and_folders_follow_the_umask_and_an_explicit_mode(tmp_path) -> None:

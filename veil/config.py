@@ -13,11 +13,13 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
+import socket
 import time
 import types
 import typing
@@ -188,14 +190,16 @@ def flag_dest(prefix: str, name: str) -> str:
 
 # -- atomic writes ------------------------------------------------------------------------------------------
 STALE_AFTER_S = 3600.0  # a temporary older than this is stale even if a process with its writer's pid still runs
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>[0-9a-f]{4})-(?P<pid>\d+)-[0-9a-f]{8}$")
+# this machine, in temporaries' names: a pid is only checked on the host that wrote it (shared repositories)
+HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:4]
 _RENAME_EXCHANGE, _AT_FDCWD = 2, -100
 
 
 def _temp_path(final: Path, kind: str = "tmp") -> Path:
-    """A fresh hidden sibling ``.<name>.<kind>-<pid>-<hex>``: the writer's pid lets the sweeper tell a live
-    writer's temporary from a killed one's."""
-    return final.with_name(f".{final.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+    """A fresh hidden sibling ``.<name>.<kind>-<host>-<pid>-<hex>``: the writer's host and pid let the sweeper
+    tell a live writer's temporary from a killed one's."""
+    return final.with_name(f".{final.name}.{kind}-{HOST}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -220,9 +224,10 @@ def _remove(path: Path) -> None:
 def sweep_stale(folder: str | os.PathLike[str], max_age_s: float = STALE_AFTER_S) -> list[Path]:
     """Remove the temporaries that killed writers left in ``folder``; returns what was removed.
 
-    A temporary is one of :func:`write_atomic`'s / :func:`atomic_dir`'s hidden ``.<name>.tmp-<pid>-<hex>`` (or
-    ``.old-``) entries; it is stale when its writer's pid is no longer running, or when it is older than
-    ``max_age_s`` (the pid may have been reused). A live writer's fresh temporary is left alone. An ``.old-``
+    A temporary is one of :func:`write_atomic`'s / :func:`atomic_dir`'s hidden ``.<name>.tmp-<host>-<pid>-<hex>``
+    (or ``.old-``) entries; it is stale when it was written on this host by a pid no longer running, or when it
+    is older than ``max_age_s`` (the pid may have been reused; another host's pid cannot be checked). A live
+    writer's fresh temporary is left alone. An ``.old-``
     folder whose published name is missing (a writer killed inside the non-atomic fallback of
     :func:`atomic_dir`) is renamed back into place instead of removed. Called by every atomic write.
     """
@@ -239,7 +244,7 @@ def sweep_stale(folder: str | os.PathLike[str], max_age_s: float = STALE_AFTER_S
             age = now - entry.stat(follow_symlinks=False).st_mtime
         except FileNotFoundError:
             continue
-        if _pid_alive(int(match["pid"])) and age < max_age_s:
+        if age < max_age_s and (match["host"] != HOST or _pid_alive(int(match["pid"]))):
             continue
         path, final = Path(entry.path), folder / match["name"]
         if match["kind"] == "old" and not os.path.lexists(final):
