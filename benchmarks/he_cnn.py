@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-images", type=int, default=100, help="test images through veil latency mode")
     parser.add_argument("--singles", type=int, default=3, help="1-image calls timed per setting (median)")
     parser.add_argument("--seed", type=int, default=0, help="training seed of the digits-he PolyCNN")
+    parser.add_argument("--no-polycnn-throughput", action="store_true",
+                        help="skip (c) in throughput mode (one call takes minutes and several GB on 2 cores)")
     args = parser.parse_args(argv)
     data = load_digits_preset()
     x, y = data.x_test.astype(np.float64), data.y_test
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[f"b_veil_same_cnn_{setting}"] = score(run_latency(tut_graph, x[:n_lat], setting, bits, singles), tut_ref, y)
     runs["b_veil_same_cnn_throughput"] = score(run_throughput(tut_graph, x, bits), tut_ref, y)
     runs["c_veil_polycnn_exact"] = score(run_latency(cnn_graph, x[:n_lat], "exact", 20, singles), cnn_ref, y)
-    if not quick:
+    if not (quick or args.no_polycnn_throughput):
         runs["c_veil_polycnn_throughput"] = score(run_throughput(cnn_graph, x, 20), cnn_ref, y)
 
     report = {"command": command_line(__file__, sys.argv[1:] if argv is None else argv), "environment": environment("1 thread", tenseal=ts.__version__,
