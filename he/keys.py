@@ -266,8 +266,7 @@ class SecretKeyring:
             salt = os.urandom(16)
             secret = _fernet(passphrase, salt, _SCRYPT).encrypt(secret)
             header.update(protection="fernet-scrypt", salt=salt.hex(), scrypt=_SCRYPT)
-        write_atomic(path, pack(KEYRING_MAGIC, FORMAT_VERSION, header, secret))
-        os.chmod(path, 0o600)
+        write_atomic(path, pack(KEYRING_MAGIC, FORMAT_VERSION, header, secret), mode=0o600)  # never readable by others
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], passphrase: str | None = None) -> SecretKeyring:

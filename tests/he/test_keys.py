@@ -192,6 +192,18 @@ def test_keyring_save_and_load_never_create_a_named_scratch_file(ring: SecretKey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["client.veilkey"]
 
 
+def test_keyring_file_is_created_0600_not_chmodded_after(ring: SecretKeyring, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: written with the umask's mode, then chmod 0600: readable by others in between
+    monkeypatch.setattr(os, "chmod", lambda *a, **k: (_ for _ in ()).throw(AssertionError("chmod after writing")))
+    old = os.umask(0o022)
+    try:
+        ring.save(tmp_path / "client.veilkey")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "client.veilkey").st_mode) == 0o600
+
+
 def test_seal_from_bytes_refuses_trailing_bytes(ring: SecretKeyring) -> None:
     # SEAL ignores bytes after the length its header states; a section must carry nothing unparsed
     from veil.he.serialize import seal_from_bytes
