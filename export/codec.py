@@ -27,10 +27,10 @@ from veil.training.checkpoint import checkpoint_hash
 from veil.training.codec.model import Prior, Tokenizer
 from veil.training.codec.trainer import geometry, load_codec
 
-from veil.config import atomic_dir, write_atomic
+from veil.config import write_atomic
 
 from .onnx_export import export_graph, package_versions
-from .repository import NAME_PATTERN
+from .repository import NAME_PATTERN, model_folder
 from .swap import ExportError
 
 CONFIG = """name: "{name}"
@@ -103,17 +103,16 @@ def export_codec(checkpoint: str | Path, repo: str | Path, name: str, version: i
     if not NAME_PATTERN.match(name):
         raise ExportError(f"--name: expected letters, digits, '_', '.', '-', received {name!r}")
     tok, prior, config = load_codec(checkpoint)
-    model_dir = Path(repo) / name
-    with atomic_dir(model_dir / str(version)) as tmp:
+    with model_folder(repo, name, version) as (folder, tmp):  # published whole: version, veil.json, config.pbtxt
         report = export_graphs(tok, prior, tmp)
         digest = artifact_hash(tmp)
-    manifest = {
-        "format": 1, "name": name, "version": version, "kind": "codec", "model_hash": digest,
-        "stream_model_hash": digest[:8], "scales": config["model"]["scales"], "bits": config["model"]["bits"],
-        "training_images": config.get("images", []),
-        "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
-        "versions": package_versions(), **report,
-    }
-    write_atomic(model_dir / "veil.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))
-    write_atomic(model_dir / "config.pbtxt", CONFIG.format(name=name))
+        manifest = {
+            "format": 1, "name": name, "version": version, "kind": "codec", "model_hash": digest,
+            "stream_model_hash": digest[:8], "scales": config["model"]["scales"], "bits": config["model"]["bits"],
+            "training_images": config.get("images", []),
+            "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
+            "versions": package_versions(), **report,
+        }
+        write_atomic(folder / "veil.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))
+        write_atomic(folder / "config.pbtxt", CONFIG.format(name=name))
     return manifest

@@ -22,9 +22,9 @@ from veil.posterior.sampler import MAX_SAMPLES, SamplerSettings
 from veil.training.checkpoint import checkpoint_hash
 from veil.training.priorguide import ScoreNet, load_sampler
 
-from veil.config import atomic_dir, write_atomic
+from veil.config import write_atomic
 
-from .repository import NAME_PATTERN
+from .repository import NAME_PATTERN, model_folder
 from .swap import ExportError
 
 CONFIG = """name: "{name}"
@@ -94,16 +94,15 @@ def export_sampler(checkpoint: str | Path, repo: str | Path, name: str, version:
             "train_prior": prior.to_spec(), "train_prior_hash": prior.hash(),
             "n_train": config["train"]["simulations"], "task": config.get("task", {}),
             "defaults": (defaults or SamplerSettings()).to_dict(), "max_samples": MAX_SAMPLES}
-    model_dir = Path(repo) / name
-    with atomic_dir(model_dir / str(version)) as tmp:
-        torch.export.save(program, str(tmp / PROGRAM_FILE))
-        (tmp / SAMPLER_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True))
     manifest = {"format": 1, "name": name, "version": version, "kind": "priorguide-sampler",
                 "dim": cfg.dim, "x_dim": cfg.x_dim, "train_prior_hash": prior.hash(), "task": config.get("task", {}),
                 "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
                 "export": {"format": "torch.export", "torch": torch.__version__, "validation": report}}
-    write_atomic(model_dir / "veil.json", json.dumps(manifest, indent=2, sort_keys=True))
     predictive = PREDICTIVE.format(extra=cfg.dim - prior.dim) if cfg.dim > prior.dim else ""
-    write_atomic(model_dir / "config.pbtxt", CONFIG.format(name=name, dim=prior.dim, x_dim=cfg.x_dim,
-                                                           predictive=predictive))
+    with model_folder(repo, name, version) as (folder, tmp):  # published whole: version, veil.json, config.pbtxt
+        torch.export.save(program, str(tmp / PROGRAM_FILE))
+        (tmp / SAMPLER_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True))
+        write_atomic(folder / "veil.json", json.dumps(manifest, indent=2, sort_keys=True))
+        write_atomic(folder / "config.pbtxt", CONFIG.format(name=name, dim=prior.dim, x_dim=cfg.x_dim,
+                                                            predictive=predictive))
     return manifest

@@ -50,3 +50,20 @@ def test_export_writes_a_servable_entry(checkpoint, tmp_path, capsys) -> None:
 def test_bad_name_is_refused(checkpoint, tmp_path) -> None:
     with pytest.raises(ValueError, match="--name"):
         main([str(checkpoint), "--repo", str(tmp_path), "--name", "../x"])
+
+
+def test_a_failed_export_publishes_no_half_model(checkpoint, tmp_path, monkeypatch) -> None:
+    # issue 19 item 14: the version folder used to be visible before config.pbtxt and veil.json
+    from veil.export import codec as export_codec_module
+
+    real = export_codec_module.write_atomic
+
+    def fail_on_config(path, data, *args, **kwargs):
+        if str(path).endswith("config.pbtxt"):
+            raise OSError("killed before config.pbtxt")
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(export_codec_module, "write_atomic", fail_on_config)
+    with pytest.raises(OSError, match="killed"):
+        export_codec_module.export_codec(checkpoint, tmp_path / "repo", "codec")
+    assert not (tmp_path / "repo" / "codec").exists()

@@ -94,3 +94,20 @@ def test_predictive_model_exports_and_serves_x_star(tmp_path) -> None:
     out = artifact.posterior.sample((30,), x=torch.zeros(2), prior=Gaussian.diag([0.1, 0.0], [0.1, 0.1]), steps=5,
                                     langevin_steps=1, pilot=20)
     assert out.theta.shape == (30, 2) and out.predictive.shape == (30, 2)
+
+
+def test_a_failed_export_publishes_no_half_model(checkpoint, tmp_path, monkeypatch) -> None:
+    # issue 19 item 14: the version folder used to be visible before config.pbtxt and veil.json
+    from veil.export import sampler as export_sampler_module
+
+    real = export_sampler_module.write_atomic
+
+    def fail_on_config(path, data, *args, **kwargs):
+        if str(path).endswith("config.pbtxt"):
+            raise OSError("killed before config.pbtxt")
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(export_sampler_module, "write_atomic", fail_on_config)
+    with pytest.raises(OSError, match="killed"):
+        export_sampler_module.export_sampler(checkpoint, tmp_path / "repo", "sampler")
+    assert not (tmp_path / "repo" / "sampler").exists()
