@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from veil.config import sweep_stale
+
 from .adapters import select_adapter
 from .errors import ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
 from .metrics import Metrics
@@ -58,7 +60,15 @@ class DataPlane:
         return self._keystore
 
     def load_all(self) -> None:
-        """Load every model in the repository (at startup; a failure stops the server, as Triton does)."""
+        """Load every model in the repository (at startup; a failure stops the server, as Triton does).
+
+        First the temporaries that killed exporters left in the repository are swept (a read-only repository
+        is left as it is): an interrupted export leaves nothing behind once the server starts."""
+        for folder in (self.repo, *(self.repo / name for name in index(self.repo))):
+            try:
+                sweep_stale(folder)
+            except OSError as exc:
+                logger.warning("could not sweep stale temporaries in %s: %s", folder, exc)
         for name in index(self.repo):
             self.models[name] = self._load_versions(name)
 

@@ -96,3 +96,28 @@ def test_read_model_and_errors(tmp_path) -> None:
     (tmp_path / "m" / "veil.json").write_text("{")
     with pytest.raises(ModelLoadFailed, match=r"veil\.json"):
         read_model(tmp_path / "m")
+
+
+def test_server_start_sweeps_what_killed_exporters_left(tmp_path) -> None:
+    # issue 19 item 14: temporaries of killed writers were never cleaned up; now also swept at load
+    import subprocess
+    import sys
+
+    from veil.engine.dataplane import DataPlane
+    from veil.engine.metrics import Metrics
+    from veil.engine.runtime import RuntimeOptions
+
+    from veil.config import HOST
+
+    write_repository(tmp_path, {"affine": affine_model()})
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale_model = tmp_path / f".affine.tmp-{HOST}-{dead}-0123abcd"
+    stale_file = tmp_path / "affine" / f".veil.json.tmp-{HOST}-{dead}-89abcdef"
+    stale_model.mkdir()
+    (stale_model / "config.pbtxt").write_text("half")
+    stale_file.write_text("half")
+    plane = DataPlane(tmp_path, RuntimeOptions(intra_op_threads=1), Metrics())
+    plane.load_all()
+    assert not stale_model.exists() and not stale_file.exists()
+    assert "affine" in plane.models
