@@ -210,6 +210,7 @@ class HeModel:
                 "parameters": {"he": {"mode": self.plan.mode, "levels": self.plan.levels,
                                       "parameters": self.params.to_dict(), "params_hash": self.params_hash,
                                       "plan_hash": self.plan_hash, "galois_steps": self.plan.galois_steps,
+                                      "batch_capacity": self.plan.batch_capacity,
                                       "max_ciphertexts": self.max_ciphertexts,
                                       "key_bundle_limit_bytes": self.key_bundle_limit,
                                       "describe": describe(self.params, self.plan.galois_steps),
