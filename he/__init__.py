@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 from veil.he.envelope import Envelope, open_envelope, seal_envelope
 from veil.he.errors import (
     EnvelopeError,
+    EvaluationFailed,
     ExpiredKey,
     HEError,
+    KeyAccessDenied,
     KeyringError,
     MalformedCiphertext,
     MalformedKeys,
@@ -30,6 +32,7 @@ from veil.he.errors import (
     QuotaExceeded,
     SecretKeyRefused,
     SecurityError,
+    TooManyCiphertexts,
     UnknownKey,
 )
 from veil.he.keys import EvaluationKeys, SecretKeyring
@@ -41,19 +44,23 @@ if TYPE_CHECKING:
     from veil.he.compile import CompileError, compile
     from veil.he.evaluate import PlanEvaluator
     from veil.he.plan import Plan
+    from veil.he.segments import RoundError, SegmentedPlan, compile_segmented
 
 # model-side names -> the module that holds them, imported when first asked for
 _LAZY = {"CompileError": "veil.he.compile", "compile": "veil.he.compile", "PlanEvaluator": "veil.he.evaluate",
-         "Plan": "veil.he.plan"}
+         "Plan": "veil.he.plan", "RoundError": "veil.he.segments", "SegmentedPlan": "veil.he.segments",
+         "compile_segmented": "veil.he.segments"}
 
 __all__ = [
     "CkksParameters",
     "CompileError",
     "Envelope",
     "EnvelopeError",
+    "EvaluationFailed",
     "EvaluationKeys",
     "ExpiredKey",
     "HEError",
+    "KeyAccessDenied",
     "KeyStore",
     "KeyringError",
     "MalformedCiphertext",
@@ -63,13 +70,17 @@ __all__ = [
     "Plan",
     "PlanEvaluator",
     "QuotaExceeded",
+    "RoundError",
     "SecretKeyRefused",
     "SecretKeyring",
     "SecurityError",
+    "SegmentedPlan",
+    "TooManyCiphertexts",
     "UnknownKey",
     "ciphertexts_from_bytes",
     "ciphertexts_to_bytes",
     "compile",
+    "compile_segmented",
     "describe",
     "open_envelope",
     "seal_envelope",
