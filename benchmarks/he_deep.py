@@ -6,8 +6,10 @@ compiler cuts it into segments (each with its own parameter set) and ``veil serv
 while the client decrypts, re-encodes and encrypts fresh between them. The run goes through the real
 HTTP server and ``HeSession`` (keys registered once, every round bound to one request) and reports argmax
 agreement with ONNX Runtime, accuracy, rounds, seconds per image split into server / client refresh /
-network (HTTP minus server time) / client encrypt+decrypt, and bytes per round. The PolyViT row says
-whether the compiler lowers it yet. ``--ring-65536`` adds the measurement behind docs/he.md's finding on
+network (HTTP minus server time) / client encrypt+decrypt, and bytes per round. The digits PolyViT (one
+block, the paper's per-sample PolyNorm statistics, linear attention lowered to two ciphertext products)
+runs the same way (segments limited to N <= 16384: its rotation keys at N = 32768 would not fit in memory).
+``--ring-65536`` adds the measurement behind docs/he.md's finding on
 N = 65536 (minutes, ~6 GB).
 
     .venv/bin/python benchmarks/he_deep.py                       # writes docs/results/he_deep.json + results.md
@@ -28,15 +30,13 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-import torch
 from veil.engine.server import ServerConfig, build_server
-from veil.export import export_graph, export_uldnet
+from veil.export import export_uldnet
 from veil.export.he import export_he
 from veil.he.client import HeSession
 from veil.training.uldnet import (
     ModelConfig,
     TrainConfig,
-    build_model,
     load_digits_preset,
     save_uldnet,
     train_uldnet,
@@ -83,43 +83,51 @@ class Server:
         self.thread.join(timeout=60)
 
 
-def run_cnn(ck: Path, workdir: Path, images: int, precision_bits: int, max_n: int | None) -> dict[str, Any]:
+def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bits: int,
+                  max_n: int | None) -> dict[str, Any]:
+    """Export ``ck`` with --refresh, serve it, and run ``images`` test images through ``HeSession``.
+
+    Each request carries as many images as one ciphertext of every segment holds (the smallest
+    ``batch_capacity`` over the segments, images side by side in the slots); times and bytes are per image.
+    """
     data = load_digits_preset()
     repo = workdir / "repo"
     start = time.perf_counter()
-    manifest = export_he(ck, repo, "cnn-he", precision_bits=precision_bits, refresh=True,
+    manifest = export_he(ck, repo, f"{name}-he", precision_bits=precision_bits, refresh=True,
                          max_poly_modulus_degree=max_n)
     export_s = time.perf_counter() - start
-    export_uldnet(ck, repo, name="cnn-plain")
+    export_uldnet(ck, repo, name=f"{name}-plain")
     x, y = data.x_test[:images], data.y_test[:images]
-    plain = ort.InferenceSession(str(repo / "cnn-plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    plain = ort.InferenceSession(str(repo / f"{name}-plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
     rows = []
     with Server(repo) as url:
         start = time.perf_counter()
-        session = HeSession.create(url, "cnn-he", workdir / "keys" / "cnn.keyring")
+        session = HeSession.create(url, f"{name}-he", workdir / "keys" / f"{name}.keyring")
         keygen_s = time.perf_counter() - start
+        batch = min(int(s["plan"]["batch_capacity"]) for s in session.he["segments"])
         logits = []
-        for i in range(images):
+        for i in range(0, images, batch):
+            chunk = x[i:i + batch]
             t0 = time.perf_counter()
-            request = session.encrypt(x[i:i + 1])
+            request = session.encrypt(chunk)
             t1 = time.perf_counter()
             result = session.infer(request)
             t2 = time.perf_counter()
-            logits.append(session.decrypt(result)[0])
+            logits.append(session.decrypt(result))
             t3 = time.perf_counter()
-            rounds = session.last_rounds
+            rounds, n = session.last_rounds, len(chunk)
             server = sum(r["server_seconds"] for r in rounds)
-            rows.append({"encrypt_decrypt_s": (t1 - t0) + (t3 - t2), "server_s": server,
-                         "refresh_s": sum(r.get("refresh_seconds", 0.0) for r in rounds),
-                         "network_s": sum(r["http_seconds"] for r in rounds) - server, "total_s": t3 - t0,
+            rows.append({"encrypt_decrypt_s": ((t1 - t0) + (t3 - t2)) / n, "server_s": server / n,
+                         "refresh_s": sum(r.get("refresh_seconds", 0.0) for r in rounds) / n,
+                         "network_s": (sum(r["http_seconds"] for r in rounds) - server) / n, "total_s": (t3 - t0) / n,
                          "bytes": [(r["request_bytes"], r["result_bytes"]) for r in rounds]})
-    logits = np.stack(logits)
+    logits = np.concatenate(logits)
     seg = manifest["segmentation"]
     per_round = [{"round": k, "request_bytes": int(statistics.median(r["bytes"][k][0] for r in rows)),
                   "result_bytes": int(statistics.median(r["bytes"][k][1] for r in rows))}
                  for k in range(manifest["rounds"])]
     return {
-        "images": images, "rounds": manifest["rounds"], "cuts": manifest["cuts"],
+        "images": images, "images_per_request": batch, "rounds": manifest["rounds"], "cuts": manifest["cuts"],
         "segments": [{k: s[k] for k in ("levels", "poly_modulus_degree", "coeff_mod_bit_sizes")}
                      for s in seg.get("segments", [])],
         "unsegmented_levels": seg.get("unsegmented_levels", seg.get("levels")), "why": seg["why"],
@@ -134,23 +142,23 @@ def run_cnn(ck: Path, workdir: Path, images: int, precision_bits: int, max_n: in
     }
 
 
-def vit_row(width: int | None) -> dict[str, Any]:
-    """Whether the compiler lowers the digits PolyViT yet (and its segmentation when it does); compiling
-    does not depend on the weights, so the preset architecture is exported untrained."""
-    from veil.he.compile import CompileError
-    from veil.he.errors import ParameterError
-    from veil.he.segments import compile_segmented
+# The digits PolyViT run encrypted: the paper's per-sample PolyNorm statistics over (N, D) (he.md §1.2; per-token
+# statistics are not lowered), one block, 4 heads of 8, 4 tokens of 32: 19 levels in one piece.
+HE_VIT = {"width": 32, "depth": 1, "heads": 4, "patch_size": 4, "norm": {"token_stats": "sample"}}
 
-    torch.manual_seed(0)
-    preset = {**DIGITS_PRESETS["vit"]["model"], **({"width": width} if width else {})}
-    model = build_model(ModelConfig(arch="vit", input_shape=[1, 8, 8], **preset)).eval()
-    graph = export_graph(model, (torch.randn(4, 1, 8, 8),), ["x"], ["logits"], {"x": {0: "batch"}}).model
-    try:
-        plan = compile_segmented(graph, refresh=True)
-    except (CompileError, ParameterError) as exc:
-        return {"status": "not compiled yet", "reason": str(exc)[:300]}
-    return {"status": "compiles", "rounds": plan.rounds, "cuts": plan.cuts,
-            "levels": [p.levels for p in plan.plans], "note": "not run encrypted in this benchmark"}
+
+def vit_checkpoint(folder: Path, width: int, epochs: int) -> Path:
+    """The HE PolyViT (``HE_VIT``, width overridden), trained once into ``folder`` and reused after."""
+    path = folder / f"vit-he-w{width}-e{epochs}"
+    if (path / "config.json").is_file():
+        return path
+    data = load_digits_preset()
+    train = DIGITS_PRESETS["vit"]["train"]
+    config = ModelConfig.from_dict({"arch": "vit", "input_shape": [1, 8, 8], **HE_VIT, "width": width})
+    result = train_uldnet(config, TrainConfig(**{**train, "epochs": epochs, "warmup_epochs": min(5, epochs - 1),
+                                                 "seed": 0}), data, progress=False)
+    save_uldnet(result, path, data)
+    return path
 
 
 def ring_65536() -> dict[str, Any]:
@@ -194,34 +202,42 @@ def ring_65536() -> dict[str, Any]:
     return out
 
 
+def _row(label: str, r: dict[str, Any]) -> str:
+    s = r["seconds_per_image"]
+    return (f"| {label} | {r['unsegmented_levels']} | {r['rounds']} | {', '.join(r['cuts'])} | "
+            + ", ".join(f"{g['levels']} @ {g['poly_modulus_degree']}" for g in r["segments"])
+            + f" | {r['images']} ({r['images_per_request']} per request) | {100 * r['argmax_agreement']:.1f} % | "
+              f"{100 * r['accuracy_encrypted']:.1f} / {100 * r['accuracy_plaintext']:.1f} % | {s['total_s']:.2f} | "
+              f"{s['server_s']:.2f} | {s['refresh_s']:.3f} | {s['network_s']:.3f} | {s['encrypt_decrypt_s']:.3f} | "
+              f"{r['max_abs_logit_error']:.1e} |")
+
+
+def _details(label: str, r: dict[str, Any]) -> str:
+    return (f"{label}: bytes per round (median request): " + "; ".join(
+        f"round {b['round']}: {b['request_bytes'] / 2**20:.2f} MiB in, {b['result_bytes'] / 2**20:.2f} MiB out"
+        for b in r["bytes_per_round"]) + f". Key sets (all rounds) {r['key_bytes'] / 2**20:.1f} MiB; keygen + "
+        f"registration {r['keygen_register_s']:.1f} s; export + segmented compile {r['export_compile_s']:.1f} s. "
+        f"Why these cuts: {r['why'].split(' (', 1)[0]}; " + r["why"].rsplit("); ", 1)[-1] + ".")
+
+
 def markdown(report: dict[str, Any]) -> str:
-    cnn, env = report["cnn"], report["environment"]
-    s = cnn["seconds_per_image"]
+    env = report["environment"]
+    deep = "PolyMLP" if report.get("arch") == "mlp" else "PolyCNN"
+    models = [(deep, report["cnn"])] + ([("PolyViT", report["vit"])] if report.get("vit") else [])
     lines = [
         "## Deep models encrypted with client refresh (`he_deep`)", "",
-        f"{env['date']}, {env['machine']}; `{report['command']}`. Digits PolyCNN width {report['width']} "
-        f"({report['epochs']} epochs), {cnn['images']} test images one per request through `veil serve` and "
-        f"`HeSession` (median per image). {report['precision_bits']} bits of precision"
+        f"{env['date']}, {env['machine']}; `{report['command']}`. Digits {deep} width {report['width']} "
+        f"({report['epochs']} epochs)"
+        + (f"; digits PolyViT {report['vit_config']} ({report['vit_epochs']} epochs)" if report.get("vit") else "")
+        + ". Test images through `veil serve` and `HeSession`, as many per request as one ciphertext of every "
+        f"segment holds; seconds are per image (median over requests). {report['precision_bits']} bits of precision"
         + (f", segments limited to N <= {report['max_n']}" if report["max_n"] else "") + ".", "",
-        "| model | levels (unsegmented) | rounds | cuts | segments (levels @ N) | argmax agreement vs ORT | "
-        "accuracy enc / plain | s/image total | server | client refresh | network | encrypt+decrypt |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        f"| PolyCNN | {cnn['unsegmented_levels']} | {cnn['rounds']} | {', '.join(cnn['cuts'])} | "
-        + ", ".join(f"{g['levels']} @ {g['poly_modulus_degree']}" for g in cnn["segments"])
-        + f" | {100 * cnn['argmax_agreement']:.1f} % | {100 * cnn['accuracy_encrypted']:.1f} / "
-          f"{100 * cnn['accuracy_plaintext']:.1f} % | {s['total_s']:.2f} | {s['server_s']:.2f} | "
-          f"{s['refresh_s']:.3f} | {s['network_s']:.3f} | {s['encrypt_decrypt_s']:.3f} |",
+        "| model | levels (unsegmented) | rounds | cuts | segments (levels @ N) | images | argmax agreement vs ORT | "
+        "accuracy enc / plain | s/image total | server | client refresh | network | encrypt+decrypt | max abs logit err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(_row(label, r) for label, r in models), "",
+        *(_details(label, r) + "\n" for label, r in models),
     ]
-    vit = report["vit"]
-    lines.append(f"| PolyViT | — | — | — | — | {vit['status']}"
-                 + (f" (the compiler refuses it: {vit['reason'].split(';')[0]})" if vit["status"] != "compiles" else
-                    f": {vit['rounds']} rounds, levels {vit['levels']}") + " | | | | | | |")
-    lines += ["", "Bytes per round (median): " + "; ".join(
-        f"round {r['round']}: {r['request_bytes'] / 2**20:.2f} MiB in, {r['result_bytes'] / 2**20:.2f} MiB out"
-        for r in cnn["bytes_per_round"]) + f". Key sets (all rounds): {cnn['key_bytes'] / 2**20:.1f} MiB on the "
-        f"client; keygen + registration {cnn['keygen_register_s']:.1f} s; export + segmented compile "
-        f"{cnn['export_compile_s']:.1f} s. Max |logit error| {cnn['max_abs_logit_error']:.2e}.", "",
-        f"Why these cuts: {cnn['why'].split(' (', 1)[0]}; " + cnn["why"].rsplit("); ", 1)[-1] + "."]
     if report.get("ring_65536"):
         r = report["ring_65536"]
         lines += ["", f"N = 65536 (28 levels, log2 Q = {r['log2_q']} <= {r['he_standard_128_bound']}): SEAL's "
@@ -236,7 +252,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
-    parser.add_argument("--quick", action="store_true", help="smoke run: width 4, 3 epochs, 2 images, 12 bits, N <= 16384")
+    parser.add_argument("--quick", action="store_true", help="smoke run: a width-8 PolyMLP (11 levels), 3 epochs, "
+                        "2 images, 12 bits, N <= 8192, no PolyViT (the machinery, in about a minute)")
+    parser.add_argument("--arch", choices=["cnn", "mlp"], default="cnn", help="the deep model's family")
     parser.add_argument("--width", type=int, default=None, help="PolyCNN width (default: the digits preset's 32)")
     parser.add_argument("--epochs", type=int, default=15, help="training epochs (the checkpoint is cached)")
     parser.add_argument("--images", type=int, default=100, help="test images run encrypted")
@@ -245,18 +263,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest ring a segment may use (more rounds, smaller keys)")
     parser.add_argument("--cache", type=Path, default=None, help="folder for trained checkpoints (reused)")
     parser.add_argument("--ring-65536", action="store_true", help="also measure one N = 65536 set (~6 GB)")
+    parser.add_argument("--vit-width", type=int, default=HE_VIT["width"], help="PolyViT width (0: no PolyViT row)")
+    parser.add_argument("--vit-epochs", type=int, default=100, help="PolyViT training epochs (cached)")
+    parser.add_argument("--skip-cnn", action="store_true", help="only the PolyViT row (reads the PolyCNN row from "
+                        "the previous docs/results/he_deep.json)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.width, args.epochs, args.images, args.precision_bits, args.max_n = 4, 3, 2, 12, 16384
-    width = args.width or DIGITS_PRESETS["cnn"]["model"]["width"]
+        args.arch, args.width, args.epochs, args.images, args.precision_bits, args.max_n = "mlp", 8, 3, 2, 12, 8192
+        args.vit_width = 0
+    width = args.width or DIGITS_PRESETS[args.arch]["model"]["width"]
     with tempfile.TemporaryDirectory(prefix="veil-he-deep-") as tmp:
         cache = args.cache or Path(tmp) / "runs"
-        cnn_ck = checkpoint(cache, "cnn", width, args.epochs)
         report = {"environment": environment(), "command": command_line(__file__, sys.argv[1:] if argv is None else argv),
-                  "width": width,
+                  "arch": args.arch, "width": width,
                   "epochs": args.epochs, "precision_bits": args.precision_bits, "max_n": args.max_n,
-                  "cnn": run_cnn(cnn_ck, Path(tmp), args.images, args.precision_bits, args.max_n),
-                  "vit": vit_row(8 if args.quick else None)}
+                  "vit_config": {**HE_VIT, "width": args.vit_width}, "vit_epochs": args.vit_epochs}
+        if args.skip_cnn:
+            previous = json.loads((args.out / "results" / "he_deep.json").read_text())
+            report.update({k: previous[k] for k in ("cnn", "arch", "width", "epochs") if k in previous})
+        else:
+            report["cnn"] = run_encrypted(checkpoint(cache, args.arch, width, args.epochs), Path(tmp) / "cnn",
+                                          args.arch, args.images, args.precision_bits, args.max_n)
+        if args.vit_width:
+            report["vit"] = run_encrypted(vit_checkpoint(cache, args.vit_width, args.vit_epochs), Path(tmp) / "vit",
+                                          "vit", args.images, args.precision_bits, args.max_n or 16384)
     if args.ring_65536:
         report["ring_65536"] = ring_65536()
     save_results(args.out, "he_deep", report, markdown(report))

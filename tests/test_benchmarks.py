@@ -163,8 +163,9 @@ def test_he_deep_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results" / "he_deep.json").read_text())
     cnn = report["cnn"]
-    assert cnn["rounds"] >= 2 and cnn["unsegmented_levels"] == 28 and len(cnn["bytes_per_round"]) == cnn["rounds"]
+    assert report["arch"] == "mlp" and cnn["unsegmented_levels"] == 11  # the quick run's deep PolyMLP
+    assert cnn["rounds"] >= 2 and len(cnn["bytes_per_round"]) == cnn["rounds"]
     assert cnn["argmax_agreement"] == 1.0 and set(cnn["seconds_per_image"]) >= {"server_s", "refresh_s", "network_s"}
-    assert report["vit"]["status"] in ("compiles", "not compiled yet")
+    assert cnn["images_per_request"] >= 1 and "vit" not in report  # the PolyViT row is the full run's
     text = (tmp_path / "results.md").read_text()
-    assert text.count("<!-- he_deep:begin -->") == 1 and "| PolyCNN |" in text and "| PolyViT |" in text
+    assert text.count("<!-- he_deep:begin -->") == 1 and "| PolyMLP |" in text
