@@ -78,7 +78,8 @@ def test_he_cnn_benchmark_quick(load_benchmark, tmp_path) -> None:
     runs = report["runs"]
     assert runs["b_veil_same_cnn_pow2"]["eval_key_bytes"] < runs["b_veil_same_cnn_exact"]["eval_key_bytes"]
     assert all(r["argmax_agreement"] == 1.0 for k, r in runs.items() if k.startswith(("b_", "c_")))
-    assert runs["c_veil_polycnn_exact"]["levels"] == 8 and "c_1_image<=a" in report["targets"]["met"]
+    assert runs["c_veil_polycnn_exact"]["levels"] == 8  # targets are timings: reported, never asserted
+    assert {"c_1_image<=a", "b_fastest_speedup>=5x"} <= set(report["targets"]["met"])  # each target: met or not
     assert "<!-- he_cnn:begin -->" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "img" / "he_cnn_keys.png").stat().st_size > 5_000
 
