@@ -59,6 +59,7 @@ def test_export_minilm_benchmark_smoke(load_benchmark, tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_he_digits_benchmark_quick(load_benchmark, tmp_path) -> None:
     module = load_benchmark("he_digits")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -69,6 +70,7 @@ def test_he_digits_benchmark_quick(load_benchmark, tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_he_cnn_benchmark_quick(load_benchmark, tmp_path) -> None:
     module = load_benchmark("he_cnn")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0

@@ -45,6 +45,7 @@ def test_ring_fit_names_the_slot_shortage() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_veil_export_he_prints_and_records_the_choice_and_takes_the_key_mode(tmp_path, capsys) -> None:
     from veil.export.he_cli import main as export_he_main
     from veil.training.uldnet import TrainConfig, load_digits_preset, save_uldnet, train_uldnet

@@ -51,6 +51,7 @@ def test_rope_matrix_is_the_torch_rope() -> None:
 
 
 @pytest.mark.slow  # ~1 min of ct x ct products at N = 16384 on one core
+@pytest.mark.isolated
 def test_linear_attention_encrypted_matches_onnx_runtime() -> None:
     torch.manual_seed(0)
     model = _export(AttentionOnly())

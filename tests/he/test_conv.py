@@ -147,7 +147,7 @@ def test_slot_program_matches_onnx_runtime(name: str) -> None:
     np.testing.assert_allclose(simulate(compile(model, mode="latency"), x), ort_run(model, x), atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("residual", "polynorm") else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow, pytest.mark.isolated]) if n in ("residual", "polynorm") else n
                                   for n in NAMES])  # 7 and 6 levels: N = 16384, about a minute each here
 def test_encrypted_conv_matches_onnx_runtime(name: str) -> None:
     model = exported(name)

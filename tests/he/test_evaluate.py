@@ -110,6 +110,7 @@ def digits_mlp():
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 @pytest.mark.parametrize("mode", ["throughput", "latency"])
 def test_trained_digits_mlp_agrees_with_onnx_runtime(digits_mlp, mode: str) -> None:
     model, x_test = digits_mlp

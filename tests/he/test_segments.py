@@ -216,6 +216,7 @@ def test_round_book_is_bounded_by_ttl_and_per_owner() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.isolated  # deep plans at N = 16384: gigabytes SEAL keeps
 def test_encrypted_polycnn_with_refresh_matches_onnx_runtime() -> None:
     """The 28-level PolyCNN at N <= 16384: segments evaluated on ciphertexts, the client refreshing between them."""
     from veil.he.evaluate import PlanEvaluator
