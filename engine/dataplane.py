@@ -59,17 +59,19 @@ class DataPlane:
             self._keystore = self._keystore_factory()
         return self._keystore
 
-    def load_all(self) -> None:
-        """Load every model in the repository (at startup; a failure stops the server, as Triton does).
+    def load_all(self, names: list[str] | None = None) -> None:
+        """Load every model in the repository, or only ``names`` (a Ray Serve replica serves one model), at
+        startup; a failure stops the server, as Triton does.
 
         First the temporaries that killed exporters left in the repository are swept (a read-only repository
         is left as it is): an interrupted export leaves nothing behind once the server starts."""
-        for folder in (self.repo, *(self.repo / name for name in index(self.repo))):
+        names = index(self.repo) if names is None else names
+        for folder in (self.repo, *(self.repo / check_model_name(name) for name in names)):
             try:
                 sweep_stale(folder)
             except OSError as exc:
                 logger.warning("could not sweep stale temporaries in %s: %s", folder, exc)
-        for name in index(self.repo):
+        for name in names:
             self.models[name] = self._load_versions(name)
 
     def _load_versions(self, name: str) -> dict[str, OnnxModel]:

@@ -106,8 +106,8 @@ def _keystore(config: ServerConfig):  # -> veil.he.keystore.KeyStore
                     memory_items=config.he_key_cache, keys_per_source=config.he_keys_per_source)
 
 
-def create_app(config: ServerConfig) -> FastAPI:
-    """Load every model of ``config.repo`` (warm-up included) and return the app serving them.
+def create_app(config: ServerConfig, models: list[str] | None = None) -> FastAPI:
+    """Load every model of ``config.repo`` (or only ``models``; warm-up included) and return the app serving them.
 
     Raises:
         FileNotFoundError: the repository folder does not exist.
@@ -116,7 +116,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     logging.getLogger("veil.engine").setLevel(config.log_level.upper())
     metrics = Metrics()
     plane = DataPlane(Path(config.repo), config.runtime_options(), metrics, keystore=lambda: _keystore(config))
-    plane.load_all()
+    plane.load_all(models)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
