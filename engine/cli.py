@@ -1,11 +1,12 @@
-"""`veil serve`: serve every model of a Triton-layout repository over the Open Inference Protocol v2 REST API.
+"""`veil serve`: serve every model of a Triton-layout repository over the Open Inference Protocol v2 (REST, gRPC).
 
 Examples:
     veil serve --repo models/
     veil serve --repo models/ --host 127.0.0.1 --port 8000 --max-body-mb 16 --log-level warning
+    veil serve --repo models/ --port 8000 --grpc-port 8001    # also inference.GRPCInferenceService
     VEIL_ADMIN_TOKEN=s3cret veil serve --repo models/      # enables /v2/repository/* behind the token
 
-Clients: `tritonclient.http`, KServe clients and curl work unchanged (JSON and the binary tensor extension);
+Clients: `tritonclient.http` and `.grpc`, KServe clients and curl work unchanged (JSON and the binary tensor extension);
 see docs/serving.md. Logs go to stderr; request payloads are never logged.
 """
 
@@ -18,7 +19,7 @@ import sys
 from .server import ServeError, ServerConfig, serve
 
 EXAMPLE = """example:
-  veil serve --repo models/ --port 8000
+  veil serve --repo models/ --port 8000 --grpc-port 8001
   curl -s localhost:8000/v2/models/digits
   VEIL_ADMIN_TOKEN=s3cret veil serve --repo models/
 """

@@ -152,6 +152,26 @@ def error_response(status_code: int, message: str) -> Response:
     return Response(orjson.dumps({"error": message}), status_code=status_code, media_type="application/json")
 
 
+# HTTP status -> gRPC status code name: the gRPC front (veil.engine.grpc_server) answers every error with the
+# code of the status HTTP gives it, and the same message
+GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "PERMISSION_DENIED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+              408: "DEADLINE_EXCEEDED", 413: "RESOURCE_EXHAUSTED", 415: "INVALID_ARGUMENT", 503: "UNAVAILABLE"}
+
+
+def grpc_code(exc: BaseException) -> tuple[str, str]:
+    """The gRPC status code name (a ``grpc.StatusCode`` member) and message for ``exc``.
+
+    Engine errors map by their ``status_code``, veil.he refusals by their ``http_status``; anything else is a server
+    fault: ``INTERNAL`` with ``internal error: <type>`` (the caller logs it once)."""
+    if isinstance(exc, EngineError):
+        status = exc.status_code
+    elif isinstance(getattr(exc, "http_status", None), int):
+        status = exc.http_status  # type: ignore[attr-defined]
+    else:
+        return "INTERNAL", f"internal error: {type(exc).__name__}"
+    return GRPC_CODES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT"), str(exc)
+
+
 async def _engine_error(_: Request, exc: EngineError) -> Response:
     response = error_response(exc.status_code, str(exc))
     if exc.status_code in (408, 413):  # the rest of the body was never read: the connection cannot be reused

@@ -40,6 +40,8 @@ class ServerConfig(Config):
         repo (str): the model repository folder (Triton layout).
         host (str): address to bind; keep 127.0.0.1 unless a proxy or firewall fronts the server.
         port (int): TCP port.
+        grpc_port (int | None): also serve OIP v2 gRPC on this port (0: a free one; None: off).
+        grpc_max_message_mb (float): largest gRPC message received or sent.
         admin_token (str | None): enables the repository API (load/unload/index) behind this bearer token.
         max_body_mb (float): largest request body accepted (413 beyond it), also once decompressed.
         max_json_elements (int): most tensor elements a request may send as JSON data (413 beyond it).
@@ -55,6 +57,10 @@ class ServerConfig(Config):
     repo: str = field("", "model repository folder (Triton layout: <model>/config.pbtxt, <model>/<version>/model.onnx)")
     host: str = field("127.0.0.1", "address to bind (keep 127.0.0.1 unless a proxy fronts the server)")
     port: int = field(8000, "TCP port")
+    grpc_port: int | None = field(None, "also serve the OIP v2 gRPC API (inference.GRPCInferenceService) on this port "
+                                        "(0: a free one); off when unset")
+    grpc_max_message_mb: float = field(64.0, "largest gRPC message in MiB, received or sent (RESOURCE_EXHAUSTED "
+                                             "beyond)")
     admin_token: str | None = field(None, "enable the repository API behind 'Authorization: Bearer TOKEN' "
                                           "(or set VEIL_ADMIN_TOKEN); off when unset")
     max_body_mb: float = field(64.0, "largest request body in MiB; larger bodies get 413")
@@ -89,6 +95,9 @@ class ServerConfig(Config):
         if self.he_key_cache < 0 or self.he_keys_per_source < 1:
             raise ConfigError(f"ServerConfig: expected he_key_cache >= 0 and he_keys_per_source >= 1, received "
                               f"{self.he_key_cache} and {self.he_keys_per_source}")
+        if (self.grpc_port is not None and not 0 <= self.grpc_port <= 65535) or self.grpc_max_message_mb <= 0:
+            raise ConfigError(f"ServerConfig: expected grpc_port in 0..65535 and grpc_max_message_mb > 0, received "
+                              f"{self.grpc_port} and {self.grpc_max_message_mb}")
         if self.admin_token == "":
             raise ConfigError("ServerConfig.admin_token: expected a non-empty token or none, received ''")
 
@@ -119,8 +128,16 @@ def create_app(config: ServerConfig, models: list[str] | None = None) -> FastAPI
     plane.load_all(models)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        grpc_server = None
+        if config.grpc_port is not None:  # on this loop: both fronts share the data plane and its batchers
+            from .grpc_server import start_grpc
+
+            grpc_server, app.state.grpc_port = await start_grpc(
+                plane, config.host, config.grpc_port, config.admin_token, int(config.grpc_max_message_mb * 2**20))
         yield
+        if grpc_server is not None:
+            await grpc_server.stop(config.graceful_timeout_s)  # in-flight RPCs finish first
         await plane.drain()  # uvicorn already waited for in-flight requests; nothing is left queued
 
     app = FastAPI(title="veil", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -199,6 +216,8 @@ def serve(config: ServerConfig) -> None:
         ServeError: the port is busy or the host cannot be bound.
     """
     sock = bind(config.host, config.port)
+    if config.grpc_port:  # probe it too, so a busy gRPC port also fails before any model loads
+        bind(config.host, config.grpc_port).close()
     try:
         build_server(config).run(sockets=[sock])
     finally:

@@ -1,0 +1,294 @@
+"""The OIP v2 gRPC front: ``inference.GRPCInferenceService`` over the same data plane as HTTP.
+
+``veil serve --grpc-port P`` starts a ``grpc.aio`` server on the HTTP server's event loop, so both fronts share
+one :class:`~veil.engine.dataplane.DataPlane` (models, batchers, statistics, HE key store). Each RPC maps its
+message to the data plane and back, nothing else:
+
+    ServerLive / ServerReady / ModelReady / ServerMetadata / ModelMetadata     health and metadata
+    ModelInfer            tensors in ``raw_input_contents`` (or typed ``contents``); outputs always raw
+    ModelConfig           config.pbtxt as Triton's ModelConfig (+ ``parameters["veil"]``, ``["metadata"]`` JSON)
+    ModelStatistics       Triton's statistics extension
+    RepositoryIndex / RepositoryModelLoad / RepositoryModelUnload   behind ``authorization: Bearer <admin token>``
+
+Errors are the engine's (:mod:`veil.engine.errors`) with the same messages as over HTTP, mapped to gRPC codes by
+:func:`~veil.engine.errors.grpc_code`; a server fault is logged once and answered INTERNAL; the server keeps
+serving. Message sizes are capped by ``--grpc-max-message-mb`` (RESOURCE_EXHAUSTED beyond it).
+
+Example:
+    >>> import tritonclient.grpc as grpcclient
+    >>> c = grpcclient.InferenceServerClient("127.0.0.1:8001")
+    >>> x = grpcclient.InferInput("x", [1, 4], "FP32"); x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    >>> c.infer("affine", [x]).as_numpy("y")
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+import orjson
+from google.protobuf import json_format
+from grpc import aio
+
+from veil import __version__
+
+from . import proto
+from .errors import (
+    DatatypeMismatch,
+    EngineError,
+    MalformedRequest,
+    RepositoryApiDisabled,
+    ShapeMismatch,
+    Unauthorized,
+    grpc_code,
+)
+from .protocol import (
+    DATATYPES,
+    MAX_DIMS,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    _from_binary,
+    encode_bytes,
+)
+
+if TYPE_CHECKING:
+    from .dataplane import DataPlane
+
+logger = logging.getLogger("veil.engine")
+msg = proto.msg
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "veil_he_keys"]
+# datatype -> the InferTensorContents field that carries it when not raw (FP16/BF16 travel raw only)
+CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+            "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+            "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+            "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+
+
+# -- messages <-> data plane ----------------------------------------------------------------------------
+def parameters(params: Any) -> dict[str, Any]:
+    """A ``map<string, InferParameter>`` -> plain values (an unset parameter is refused)."""
+    out = {}
+    for key, value in params.items():
+        which = value.WhichOneof("parameter_choice")
+        if which is None:
+            raise MalformedRequest(f"parameters['{key}']: expected a bool, int64, uint64, double or string value, "
+                                   "received none")
+        out[key] = getattr(value, which)
+    return out
+
+
+def decode_infer(request: Any) -> InferRequest:
+    """A ``ModelInferRequest`` -> the data plane's InferRequest (raw inputs read with ``np.frombuffer``, no copy).
+
+    Raises:
+        MalformedRequest, DatatypeMismatch, ShapeMismatch, BinarySizeMismatch: naming the input and the field.
+    """
+    if not request.inputs:
+        raise MalformedRequest("ModelInferRequest.inputs: expected at least one input, received none")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise MalformedRequest(f"raw_input_contents: expected one entry per input ({len(request.inputs)}), "
+                               f"received {len(raw)}")
+    inputs, names = [], set()
+    for i, tensor in enumerate(request.inputs):
+        name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
+        if name in names:
+            raise MalformedRequest(f"inputs[{i}]: expected each input name once, received '{name}' again")
+        names.add(name)
+        if datatype not in DATATYPES:
+            raise DatatypeMismatch(f"input '{name}': datatype expected one of {list(DATATYPES)}, received {datatype!r}")
+        if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
+            raise ShapeMismatch(f"input '{name}': shape expected a list of at most {MAX_DIMS} non-negative integers, "
+                                f"received {shape}")
+        count = math.prod(shape)
+        if raw:
+            if tensor.HasField("contents"):
+                raise MalformedRequest(f"input '{name}': expected raw_input_contents or contents, received both")
+            data = _from_binary(name, datatype, count, raw[i], 0, len(raw[i]))
+        else:
+            data = _from_contents(name, datatype, count, tensor)
+        inputs.append(InputTensor(name, datatype, shape, data.reshape(shape)))
+    outputs = {o.name: True for o in request.outputs} or None
+    if outputs is not None and len(outputs) != len(request.outputs):
+        raise MalformedRequest("outputs: expected each output name once, received a name twice")
+    return InferRequest(inputs=inputs, outputs=outputs, id=request.id or None, binary_output=True,
+                        parameters=parameters(request.parameters))
+
+
+def _from_contents(name: str, datatype: str, count: int, tensor: Any) -> np.ndarray:
+    """The typed ``contents`` of one input as an array of its datatype."""
+    if datatype not in CONTENTS:
+        raise DatatypeMismatch(f"input '{name}': {datatype} travels in raw_input_contents only, received it in contents")
+    values = getattr(tensor.contents, CONTENTS[datatype])
+    if len(values) != count:
+        raise ShapeMismatch(f"input '{name}': shape {list(tensor.shape)} needs {count} elements, "
+                            f"contents.{CONTENTS[datatype]} has {len(values)}")
+    if datatype == "BYTES":
+        out = np.empty(count, dtype=object)
+        out[:] = list(values)
+        return out
+    return np.asarray(values, dtype=DATATYPES[datatype])
+
+
+def encode_infer(result: InferResponse) -> Any:
+    """The data plane's InferResponse -> a ``ModelInferResponse`` with every output in ``raw_output_contents``."""
+    response = msg.ModelInferResponse(model_name=result.model_name, model_version=result.model_version,
+                                      id=result.id or "")
+    raw = []
+    for name, array in result.outputs.items():
+        datatype = result.datatypes[name]
+        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        raw.append(encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes())
+    response.raw_output_contents.extend(raw)
+    return response
+
+
+# -- the service ----------------------------------------------------------------------------------------
+class InferenceService:
+    """One coroutine per RPC of ``inference.GRPCInferenceService``.
+
+    Args:
+        plane: the data plane the HTTP front also serves.
+        admin_token: the repository API's bearer token (None: the repository RPCs answer PERMISSION_DENIED).
+    """
+
+    def __init__(self, plane: DataPlane, admin_token: str | None) -> None:
+        self.plane, self.admin_token = plane, admin_token
+
+    async def ServerLive(self, request: Any, context: aio.ServicerContext) -> Any:
+        return msg.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: aio.ServicerContext) -> Any:
+        return msg.ServerReadyResponse(ready=self.plane.ready())
+
+    async def ModelReady(self, request: Any, context: aio.ServicerContext) -> Any:
+        return msg.ModelReadyResponse(ready=self.plane.get_model(request.name, request.version or None).ready)
+
+    async def ServerMetadata(self, request: Any, context: aio.ServicerContext) -> Any:
+        extensions = EXTENSIONS + ["model_repository"] * (self.admin_token is not None)
+        return msg.ServerMetadataResponse(name="veil", version=__version__, extensions=extensions)
+
+    async def ModelMetadata(self, request: Any, context: aio.ServicerContext) -> Any:
+        m = self.plane.get_model(request.name, request.version or None)
+        body = m.metadata(self.plane.versions(request.name))
+        tensors = msg.ModelMetadataResponse.TensorMetadata
+        return msg.ModelMetadataResponse(
+            name=request.name, versions=body["versions"], platform=body["platform"],
+            inputs=[tensors(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in body["inputs"]],
+            outputs=[tensors(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in body["outputs"]])
+
+    async def ModelInfer(self, request: Any, context: aio.ServicerContext) -> Any:
+        result = await self.plane.infer(request.model_name, request.model_version or None, decode_infer(request))
+        return encode_infer(result)
+
+    async def ModelConfig(self, request: Any, context: aio.ServicerContext) -> Any:
+        """config.pbtxt as Triton's ModelConfig; ``parameters["veil"]`` (veil.json) and ``["metadata"]`` (the
+        model metadata's kind-specific parameters: HE parameters and key manifest, codec, sampler) as JSON text,
+        which the OIP ModelMetadataResponse has no field for."""
+        from .adapters import adapter_metadata
+
+        m = self.plane.get_model(request.name, request.version or None)
+        config = m.config.to_triton_json()
+        meta = adapter_metadata(m.metadata(self.plane.versions(request.name)), getattr(m, "adapters", None),
+                                request.name)
+        config["parameters"]["metadata"] = {"string_value": orjson.dumps(meta.get("parameters", {})).decode()}
+        if m.manifest is not None:
+            config["parameters"]["veil"] = {"string_value": orjson.dumps(m.manifest).decode()}
+        out = json_format.ParseDict(config, msg.ModelConfig(), ignore_unknown_fields=True)
+        return msg.ModelConfigResponse(config=out)
+
+    async def ModelStatistics(self, request: Any, context: aio.ServicerContext) -> Any:
+        plane = self.plane
+        if not request.name:
+            models = [m for versions in plane.models.values() for m in versions.values()]
+        elif not request.version:
+            plane.get_model(request.name)  # NOT_FOUND when unknown
+            models = list(plane.models[request.name.partition(":")[0]].values())
+        else:
+            models = [plane.get_model(request.name, request.version)]
+        stats = [json_format.ParseDict(m.metrics.to_triton(), msg.ModelStatistics(), ignore_unknown_fields=True)
+                 for m in models if m.metrics is not None]
+        return msg.ModelStatisticsResponse(model_stats=stats)
+
+    async def RepositoryIndex(self, request: Any, context: aio.ServicerContext) -> Any:
+        self._check_admin(context)
+        rows = self.plane.repository_index(ready_only=request.ready)
+        index = msg.RepositoryIndexResponse.ModelIndex
+        return msg.RepositoryIndexResponse(models=[index(name=r["name"], version=r.get("version", ""),
+                                                         state=r["state"], reason=r.get("reason", "")) for r in rows])
+
+    async def RepositoryModelLoad(self, request: Any, context: aio.ServicerContext) -> Any:
+        self._check_admin(context)
+        await self.plane.load(request.model_name)
+        return msg.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: aio.ServicerContext) -> Any:
+        self._check_admin(context)
+        await self.plane.unload(request.model_name)
+        return msg.RepositoryModelUnloadResponse()
+
+    def _check_admin(self, context: aio.ServicerContext) -> None:
+        """The same refusals as HTTP's: the API off without a token, the wrong or no bearer token."""
+        if self.admin_token is None:
+            raise RepositoryApiDisabled("the repository API is off: start the server with --admin-token or "
+                                        "VEIL_ADMIN_TOKEN")
+        header = dict(context.invocation_metadata() or ()).get("authorization", "")
+        scheme, _, token = str(header).strip().partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else ""
+        if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
+            raise Unauthorized("repository API: expected the metadata 'authorization: Bearer <admin token>'")
+
+
+def _guarded(method: str, call: Callable[[Any, aio.ServicerContext], Awaitable[Any]]) -> Callable:
+    """The RPC with every error answered as a gRPC status: engine and HE errors with their code and message,
+    anything else INTERNAL, logged once with its traceback."""
+
+    async def handler(request: Any, context: aio.ServicerContext) -> Any:
+        try:
+            return await call(request, context)
+        except Exception as exc:
+            code, message = grpc_code(exc)
+            if code == "INTERNAL" and not isinstance(exc, EngineError):  # engine errors were logged where raised
+                logger.error("internal error on gRPC %s", method, exc_info=exc)
+            await context.abort(getattr(grpc.StatusCode, code), message)
+
+    return handler
+
+
+def handlers(service: InferenceService) -> grpc.GenericRpcHandler:
+    """The generic handler routing ``/inference.GRPCInferenceService/<Method>`` to ``service``."""
+    table = {name: grpc.unary_unary_rpc_method_handler(_guarded(name, getattr(service, name)),
+                                                       request_deserializer=req.FromString,
+                                                       response_serializer=resp.SerializeToString)
+             for name, (req, resp) in proto.METHODS.items()}
+    return grpc.method_handlers_generic_handler(proto.SERVICE, table)
+
+
+async def start_grpc(plane: DataPlane, host: str, port: int, admin_token: str | None,
+                     max_message_bytes: int) -> tuple[aio.Server, int]:
+    """Start the gRPC front on the running event loop; returns the server and the port it bound (``port`` 0:
+    a free one).
+
+    Raises:
+        RuntimeError: the address cannot be bound.
+    """
+    options = [("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", max_message_bytes),
+               ("grpc.so_reuseport", 0)]  # a second server on a busy port fails instead of sharing it
+    server = aio.server(options=options)
+    server.add_generic_rpc_handlers([handlers(InferenceService(plane, admin_token))])
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise RuntimeError(f"veil serve: cannot bind the gRPC port {address}: {exc}") from None
+    if bound == 0:
+        raise RuntimeError(f"veil serve: cannot bind the gRPC port {address}")
+    await server.start()
+    return server, bound
