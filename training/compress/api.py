@@ -33,7 +33,7 @@ def describe_base(model: nn.Module) -> dict[str, Any]:
     """How to rebuild the uncompressed architecture: a transformers model (its class and config), optionally
     inside veil's SentenceEncoder wrapper; other modules cannot be rebuilt from the folder."""
     from transformers import PreTrainedModel
-    from veil.export.encoder import SentenceEncoder
+    from veil.training.encoder import SentenceEncoder
 
     if isinstance(model, SentenceEncoder):
         return {**describe_base(model.encoder), "type": "sentence_encoder", "normalize": model.normalize}
@@ -130,7 +130,7 @@ def load_compressed(folder: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     cls = getattr(transformers, base["class"])
     inner = cls(cls.config_class.from_dict(base["config"]))
     if base["type"] == "sentence_encoder":
-        from veil.export.encoder import SentenceEncoder
+        from veil.training.encoder import SentenceEncoder
 
         model: nn.Module = SentenceEncoder(inner, base["normalize"])
     else:

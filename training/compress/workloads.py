@@ -68,7 +68,7 @@ def lm_perplexity(model: nn.Module, blocks: torch.Tensor) -> dict[str, float]:
 
 def minilm_sentences(count: int = 256) -> tuple[list[str], list[str]]:
     """(calibration, held-out) disjoint pydoc sentences: even and odd positions of one evenly spaced sample."""
-    from veil.export.encoder import sample_sentences
+    from veil.training.encoder import sample_sentences
 
     sentences = sample_sentences(2 * count)
     return sentences[0::2], sentences[1::2]
@@ -77,7 +77,7 @@ def minilm_sentences(count: int = 256) -> tuple[list[str], list[str]]:
 def minilm(source: str = "bundled:all-MiniLM-L6-v2") -> tuple[nn.Module, Any]:
     """(SentenceEncoder in eval mode, tokenizer) of the pretrained MiniLM."""
     from transformers import AutoTokenizer
-    from veil.export.encoder import load_sentence_encoder, resolve_encoder
+    from veil.training.encoder import load_sentence_encoder, resolve_encoder
 
     folder = resolve_encoder(source)
     model, _ = load_sentence_encoder(folder)

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from veil.config import Registry
+
 from .alice import Alice
 from .groups import HEAD_NAMES, lora_param_groups, matrix_param_groups
 from .lora_s import LRACS, AdamS, AdamSylvester
@@ -78,14 +80,17 @@ _GONG = "Gong, Scetbon, Ma, Meeds, Towards Efficient Optimizer Design for LLM vi
         "with a Low-Rank Extension, ICLR 2026, arXiv 2502.07752"
 _ZHENG = "Zheng & Wu, LoRA-S: horizontal lift on the quotient manifold (AdamS, LRACS), ICLR 2026, OpenReview Guo2XGgxZA"
 
-OPTIMIZERS: dict[str, OptimizerEntry] = {
-    "adamw": OptimizerEntry("adamw", torch.optim.AdamW, _build_adamw,
-                            "Loshchilov & Hutter, Decoupled Weight Decay Regularization, ICLR 2019"),
-    "racs": OptimizerEntry("racs", RACS, _matrix_builder(RACS, HEAD_NAMES), _GONG),
-    "alice": OptimizerEntry("alice", Alice, _matrix_builder(Alice, ()), _GONG),
-    "adams": OptimizerEntry("adams", AdamSylvester, _pair_builder(AdamSylvester), _ZHENG, lora_only=True),
-    "lracs": OptimizerEntry("lracs", LRACS, _pair_builder(LRACS), _ZHENG, lora_only=True),
-}
+OPTIMIZERS: Registry[OptimizerEntry] = Registry("optimizer", ("adamw", "racs", "alice", "adams", "lracs"),
+                                                where="OPTIMIZERS in training/optim/__init__.py")
+for _entry in (
+    OptimizerEntry("adamw", torch.optim.AdamW, _build_adamw,
+                   "Loshchilov & Hutter, Decoupled Weight Decay Regularization, ICLR 2019"),
+    OptimizerEntry("racs", RACS, _matrix_builder(RACS, HEAD_NAMES), _GONG),
+    OptimizerEntry("alice", Alice, _matrix_builder(Alice, ()), _GONG),
+    OptimizerEntry("adams", AdamSylvester, _pair_builder(AdamSylvester), _ZHENG, lora_only=True),
+    OptimizerEntry("lracs", LRACS, _pair_builder(LRACS), _ZHENG, lora_only=True),
+):
+    OPTIMIZERS.register(_entry.name, _entry)
 
 
 def build_optimizer(name: str, model_or_params: ParamsLike, lr: float, **kwargs: Any) -> torch.optim.Optimizer:
@@ -101,10 +106,8 @@ def build_optimizer(name: str, model_or_params: ParamsLike, lr: float, **kwargs:
         **kwargs: the optimizer's own hyperparameters (``weight_decay``, ``betas``, ...).
 
     Raises:
-        ValueError: ``name`` is not registered.
+        veil.config.RegistryError: ``name`` is not registered (a ``ValueError`` listing the known names).
     """
-    if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer: expected one of {sorted(OPTIMIZERS)}, received {name!r}")
     return OPTIMIZERS[name].build(model_or_params, lr=lr, **kwargs)
 
 

@@ -8,9 +8,9 @@ import copy
 import numpy as np
 import onnx
 import torch
+from veil.export.compressed import export_compressed, factorised_matmul_pairs
 from veil.training.compress.log import ModuleLog
 from veil.training.compress.lowrank import STAGES, FactorizedLinear
-from veil.training.compress.lowrank.export import export_compressed, factorised_matmul_pairs
 
 
 def test_export_two_matmuls_parity_and_serving(micro_lm, micro_calibration, tmp_path) -> None:

@@ -5,7 +5,7 @@ Stages registered for ``veil compress`` recipes: ``heapr`` (:class:`HEAPrConfig`
 expert tensors or per-expert modules) and really slice the experts (:class:`RaggedExperts`).
 """
 
-from veil.training.compress.registry import Stage
+from veil.training.compress.registry import Stage, register_stages
 
 from .config import ExpertPruneConfig, HEAPrConfig
 from .experts import RaggedExperts, convert_to_ragged, layout, moe_blocks, routed_expert_params
@@ -24,6 +24,7 @@ STAGES = {
     "heapr": Stage("heapr", HEAPrConfig, apply_heapr),
     "expert_prune": Stage("expert_prune", ExpertPruneConfig, apply_expert_prune),
 }
+register_stages(STAGES)
 
 __all__ = [
     "STAGES", "ExpertPruneConfig", "HEAPrConfig", "RaggedExperts", "apply_expert_prune", "apply_heapr", "apply_layout",

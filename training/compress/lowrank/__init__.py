@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from ..registry import Stage
+from ..registry import Stage, register_stages
 from .config import SAESConfig, SVDConfig, SVDLLMConfig
 from .layer import FactorizedLinear
 from .sequential import compress_lowrank
@@ -19,5 +19,6 @@ STAGES = {
     "svd_llm": Stage("svd_llm", SVDLLMConfig, partial(compress_lowrank, "svd_llm")),
     "saes_svd": Stage("saes_svd", SAESConfig, partial(compress_lowrank, "saes_svd")),
 }
+register_stages(STAGES)
 
 __all__ = ["STAGES", "FactorizedLinear", "SAESConfig", "SVDConfig", "SVDLLMConfig", "compress_lowrank"]

@@ -5,7 +5,7 @@ Public names: the synthetic data, the refusal judge and gate, the one-example pa
 align -> attack -> patch pipeline, and the ``realign`` recipe stage (``STAGES``). docs/compress_safety.md.
 """
 
-from veil.training.compress.registry import Stage
+from veil.training.compress.registry import Stage, register_stages
 
 from .data import REFUSAL, UNIVERSAL_EXAMPLE, SafetyData
 from .judge import GateSet, attack_success_rate, generate, is_refusal, safety_gate
@@ -15,6 +15,7 @@ from .pipeline import PipelineConfig, run_pipeline
 from .stage import RealignConfig, apply_realign
 
 STAGES: dict[str, Stage] = {"realign": Stage("realign", RealignConfig, apply_realign)}
+register_stages(STAGES)
 
 __all__ = ["REFUSAL", "STAGES", "UNIVERSAL_EXAMPLE", "GateSet", "PipelineConfig", "RealignConfig", "SafetyData",
            "apply_realign", "attack_success_rate", "generate", "is_refusal", "patch", "run_pipeline", "safety_gate",

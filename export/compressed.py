@@ -1,4 +1,5 @@
-"""Export a compressed model to a model repository: each FactorizedLinear becomes two MatMuls in the ONNX graph.
+"""Export a compressed model (``veil compress``) to a model repository: each FactorizedLinear becomes two MatMuls
+in the ONNX graph.
 
 Byte LMs export as ``input_ids (B, T) int64 -> logits (B, T, 256)``; sentence encoders as
 ``input_ids, attention_mask -> sentence_embedding``. Both are validated against torch (ORT vs torch on shapes
@@ -13,8 +14,13 @@ from typing import Any
 import onnx
 import torch
 from torch import nn
+from veil.training.compress.lowrank.layer import FactorizedLinear
+from veil.training.encoder import SentenceEncoder
 
-from .layer import FactorizedLinear
+from .encoder import DYNAMIC, random_tokens
+from .onnx_export import export_graph
+from .repository import TensorSpec, write_model
+from .validate import validate_export
 
 LM_DYNAMIC = {"input_ids": {0: "batch", 1: "sequence"}}
 
@@ -52,11 +58,6 @@ def factorised_matmul_pairs(model: onnx.ModelProto) -> list[tuple[list[int], lis
 def export_compressed(model: nn.Module, repo: str | Path, name: str, version: int = 1,
                       vocab_size: int | None = None, max_batch_size: int = 32) -> dict[str, Any]:
     """Export, validate and write a compressed model (byte LM or SentenceEncoder); returns the manifest."""
-    from veil.export.encoder import DYNAMIC, SentenceEncoder, random_tokens
-    from veil.export.onnx_export import export_graph
-    from veil.export.repository import TensorSpec, write_model
-    from veil.export.validate import validate_export
-
     model = model.eval()
     ranks = {n: m.rank for n, m in model.named_modules() if isinstance(m, FactorizedLinear)}
     if isinstance(model, SentenceEncoder):
