@@ -1,0 +1,482 @@
+"""The same model repository on Ray Serve: veil's data plane in every replica, the OIP v2 HTTP front unchanged.
+
+Layout on the cluster (one Serve application per model, so each model scales on its own)::
+
+    app "veil"             route "/"                    VeilFront, 1 replica: server-wide routes, statistics board
+    app "veil-<model>"     route "/v2/models/<model>"   VeilModel x num_replicas: veil's own FastAPI app with
+                                                        that one model loaded (batcher, adapters, HE, codec...)
+
+Ray's HTTP proxy routes ``/v2/models/<model>/...`` straight to that model's replicas (longest prefix), which
+answer it with the same route functions as ``veil serve``: JSON and Triton's binary tensor extension, the same
+errors, so ``tritonclient.http`` works unchanged. The front answers what is server-wide (``/v2``, health,
+``/v2/models/stats``, HE key registration, the repository API) and forwards ``<model>:<adapter>`` names, which the
+proxy cannot route by prefix, to the model's replicas through a deployment handle.
+
+Replicas: ``num_replicas`` is ``--replicas`` when given, else the model's ``instance_group`` count in
+config.pbtxt; ``--min-replicas/--max-replicas`` turn on Ray's autoscaling (``target_ongoing_requests``). Each
+replica reserves ``--replica-cpus`` CPUs and runs ONNX Runtime on that many intra-op threads (unless
+``--intra-op-threads`` says otherwise); batching is veil's dynamic batcher inside each replica (config.pbtxt).
+
+Adapters are multiplexed per replica: a request with the header ``serve_multiplexed_model_id: <adapter>`` is
+routed by Ray to a replica that already holds that adapter in its LRU (``@serve.multiplexed``, capacity
+``adapter_cache_size``) and runs with it (as ``<model>:<adapter>``).
+
+HE keys: the key store is a folder every replica reads (``--he-key-dir``, default ``<repo>/.he-keys``, made
+absolute), not a Ray actor: key sets are up to ~290 MiB, content-addressed and written atomically, so any
+replica can register and every replica finds them without one actor holding every key in memory and copying
+it through the object store on each cache miss; each replica keeps its own LRU of parsed keys. On several nodes
+the folder must be shared storage (as the repository itself is).
+
+Statistics: every replica reports its Triton statistics to the front at most every ``REPORT_S`` seconds;
+``GET /v2/models[/<m>]/stats`` answers their sums plus a ``replicas`` list (replica id, pid, counts).
+
+Example:
+    >>> from ray import serve
+    >>> serve.start(http_options={"host": "127.0.0.1", "port": 8000})          # doctest: +SKIP
+    >>> serve.run_many(app("models/", replicas=2))                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from ray import serve
+from ray.serve.api import RunTarget
+from starlette.responses import Response
+
+from veil import __version__
+from veil.config import Config, ConfigError, field
+
+from .errors import ModelNotFound, RepositoryApiDisabled, Unauthorized, add_exception_handlers
+from .http import EXTENSIONS, bearer_token
+from .repository import check_model_name, index, read_model
+from .server import ServerConfig, create_app
+
+FRONT_APP, FRONT, REPORT_S = "veil", "VeilFront", 0.5
+REPLICA_HEADER = b"veil-replica"  # which replica answered (response header)
+MULTIPLEX_HEADER = "serve_multiplexed_model_id"
+
+
+@dataclass
+class RayConfig(Config):
+    """Where and how wide `veil serve --ray` deploys.
+
+    Args:
+        ray_address (str): the Ray cluster to join ('auto', 'ray://host:10001'); '' starts a local one.
+        replicas (int): replicas of every model; 0 takes each model's config.pbtxt instance_group count.
+        min_replicas (int): with max_replicas: autoscale each model between these bounds.
+        max_replicas (int): 0: fixed replica counts (no autoscaling).
+        target_ongoing_requests (float): autoscaling target of in-flight requests per replica.
+        replica_cpus (float): CPUs each model replica reserves (and ONNX Runtime threads, rounded up).
+        max_ongoing_requests (int): requests one replica takes at once; Ray queues the rest.
+    """
+
+    ray_address: str = field("", "Ray cluster to join ('auto', 'ray://HOST:10001'); empty: start a local one")
+    replicas: int = field(0, "replicas per model (0: each model's config.pbtxt instance_group count)")
+    min_replicas: int = field(1, "autoscaling lower bound per model (with --max-replicas)")
+    max_replicas: int = field(0, "autoscaling upper bound per model (0: no autoscaling)")
+    target_ongoing_requests: float = field(4.0, "autoscaling target: in-flight requests per replica")
+    replica_cpus: float = field(1.0, "CPUs each model replica reserves (ONNX Runtime gets as many threads)")
+    max_ongoing_requests: int = field(32, "requests one replica takes at once (Ray queues the rest)")
+
+    def validate(self) -> None:
+        if self.replicas < 0 or self.min_replicas < 0 or self.max_replicas < 0:
+            raise ConfigError(f"RayConfig: expected replicas, min_replicas, max_replicas >= 0, received "
+                              f"{self.replicas}, {self.min_replicas}, {self.max_replicas}")
+        if self.max_replicas and self.min_replicas > self.max_replicas:
+            raise ConfigError(f"RayConfig.min_replicas: expected <= max_replicas ({self.max_replicas}), "
+                              f"received {self.min_replicas}")
+        if self.replicas and self.max_replicas:
+            raise ConfigError("RayConfig: expected either --replicas (fixed) or --max-replicas (autoscaling), "
+                              f"received both ({self.replicas} and {self.max_replicas})")
+        if self.replica_cpus <= 0 or self.max_ongoing_requests < 1 or self.target_ongoing_requests <= 0:
+            raise ConfigError(f"RayConfig: expected replica_cpus > 0, max_ongoing_requests >= 1 and "
+                              f"target_ongoing_requests > 0, received {self.replica_cpus}, "
+                              f"{self.max_ongoing_requests} and {self.target_ongoing_requests}")
+
+
+def model_app_name(model: str) -> str:
+    return f"{FRONT_APP}-{model}"
+
+
+def replica_config(config: ServerConfig, ray: RayConfig) -> ServerConfig:
+    """The replicas' server config: absolute paths (Ray workers have their own working directory), the key
+    store beside the repository unless given, and as many ORT threads as the replica has CPUs."""
+    repo = Path(config.repo).resolve()
+    return config.replace(repo=str(repo), he_key_dir=str(Path(config.he_key_dir or repo / ".he-keys").resolve()),
+                          intra_op_threads=config.intra_op_threads or math.ceil(ray.replica_cpus))
+
+
+def deployment_options(repo: Path, model: str, ray: RayConfig) -> dict[str, Any]:
+    """Ray deployment options of one model: fixed replicas (flag or instance_group count) or autoscaling."""
+    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": ray.replica_cpus},
+                               "max_ongoing_requests": ray.max_ongoing_requests}
+    if ray.max_replicas:
+        options["autoscaling_config"] = {"min_replicas": ray.min_replicas, "max_replicas": ray.max_replicas,
+                                         "target_ongoing_requests": ray.target_ongoing_requests}
+    else:
+        options["num_replicas"] = ray.replicas or read_model(repo / model).config.instance_count
+    return options
+
+
+# -- the model replicas ------------------------------------------------------------------------------------
+async def _call_asgi(app: Any, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
+                     body: bytes, client: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """One HTTP request through an ASGI app in this process -> (status, headers, body)."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": query, "headers": headers, "root_path": "",
+             "server": ("ray", 0), "client": (client, 0)}
+    sent = False
+    status, out_headers, chunks = 500, [], []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            await asyncio.Event().wait()  # nothing more arrives; the app never waits here for a finished body
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, out_headers
+        if message["type"] == "http.response.start":
+            status, out_headers = message["status"], list(message.get("headers", []))
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return status, out_headers, b"".join(chunks)
+
+
+class _ModelASGI:
+    """veil's app as Ray mounts it: the full path restored (Ray strips the route prefix through root_path),
+    ``/stats`` answered with every replica's sums, the multiplexed adapter applied, the replica named."""
+
+    def __init__(self, app: FastAPI, owner: VeilModel) -> None:
+        self.app, self.owner = app, owner
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        owner = self.owner
+        owner.start_reporting()
+        scope = {**scope, "root_path": ""}
+        path = scope["path"]
+        parts = path.rstrip("/").split("/")  # ['', 'v2', 'models', m, ('versions', v,) 'stats']
+        if scope["method"] in ("GET", "HEAD") and parts[-1] == "stats" and len(parts) in (5, 7):
+            await owner.flush()
+            version = parts[5] if len(parts) == 7 else None
+            body = orjson.dumps({"model_stats": await owner.board.stats.remote(owner.name, version)})
+            await Response(body, media_type="application/json")(scope, receive, send)
+            return
+        adapter = serve.get_multiplexed_model_id()
+        if adapter:
+            await owner.adapter(adapter)
+            prefix = f"/v2/models/{owner.name}"
+            if path.startswith(prefix + "/"):  # <model>/... -> <model>:<adapter>/...
+                path = f"{prefix}:{adapter}{path[len(prefix):]}"
+                scope = {**scope, "path": path, "raw_path": path.encode()}
+        tag = owner.replica.encode()
+
+        async def named(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (REPLICA_HEADER, tag)]}
+            await send(message)
+
+        await self.app(scope, receive, named)
+
+
+@serve.ingress()
+class VeilModel:
+    """One replica of one model: veil's FastAPI app with that model loaded (warm-up included)."""
+
+    def __init__(self, config: dict[str, Any], name: str) -> None:
+        self.config, self.name = ServerConfig.from_dict(config), check_model_name(name)
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.board = serve.get_deployment_handle(FRONT, app_name=FRONT_APP)
+        self._reporter: asyncio.Task | None = None
+        self._last: bytes = b""
+
+    def __serve_build_asgi_app__(self) -> _ModelASGI:
+        self.veil = create_app(self.config, models=[self.name])  # not `app`: Ray's wrapper owns that name
+        return _ModelASGI(self.veil, self)
+
+    @property
+    def plane(self) -> Any:
+        return self.veil.state.dataplane
+
+    async def ready(self) -> bool:
+        return self.plane.ready()
+
+    async def forward(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
+                      client: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """A request the front received (``<model>:<adapter>`` routes, HE keys), answered by this replica's app."""
+        self.start_reporting()
+        status, out, content = await _call_asgi(self.veil, method, path, query, headers, body, client)
+        return status, [*out, (REPLICA_HEADER, self.replica.encode())], content
+
+    @serve.multiplexed(max_num_models_per_replica=64)
+    async def adapter(self, adapter_id: str) -> str:
+        """Load ``adapter_id`` into this replica's adapter LRU (Ray routes its requests here from now on).
+
+        Raises:
+            AdapterNotFound / ModelNotFound: the model has no such adapter, or no adapters at all.
+        """
+        model = self.plane.get_model(self.name)
+        cache = getattr(model, "adapters", None)
+        if cache is None:
+            raise ModelNotFound(f"header {MULTIPLEX_HEADER}: model '{self.name}' serves no adapters, "
+                                f"received {adapter_id!r}")
+        await asyncio.to_thread(cache.activate, cache.check(adapter_id))
+        return adapter_id
+
+    # -- statistics --------------------------------------------------------------------------------------
+    def start_reporting(self) -> None:
+        if self._reporter is None:
+            self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
+
+    def _snapshot(self) -> list[dict[str, Any]]:
+        rows = []
+        for m in self.plane.models.get(self.name, {}).values():
+            if m.metrics is not None:
+                entry = m.metrics.to_triton()
+                if getattr(m, "adapters", None) is not None:
+                    entry["adapter_cache"] = m.adapters.stats()
+                rows.append(entry)
+        return rows
+
+    async def flush(self) -> None:
+        """Send this replica's statistics to the board now if they changed since the last report."""
+        rows = self._snapshot()
+        encoded = orjson.dumps(rows)
+        if encoded != self._last:
+            await self.board.report.remote(self.replica, self.name, os.getpid(), rows)
+            self._last = encoded
+
+    async def _report_loop(self) -> None:
+        while True:
+            try:
+                await self.flush()
+            except Exception:  # the board restarting: the next round reports again
+                self._last = b""
+            await asyncio.sleep(REPORT_S)
+
+
+# -- the front: server-wide routes -----------------------------------------------------------------------
+def _proxy(result: tuple[int, list[tuple[bytes, bytes]], bytes]) -> Response:
+    status, headers, body = result
+    response = Response(body, status_code=status)
+    response.raw_headers = [(k, v) for k, v in headers]
+    return response
+
+
+class _Board:
+    """The statistics board: each replica's last report; answers Triton statistics summed over replicas."""
+
+    reports: dict[str, dict[str, Any]]
+
+    def report(self, replica: str, model: str, pid: int, rows: list[dict[str, Any]]) -> None:
+        self.reports[replica] = {"model": model, "pid": pid, "rows": rows, "time": time.time()}
+
+    def stats(self, model: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
+        """Triton ``model_stats`` entries (optionally one model / version), each with a ``replicas`` list."""
+        merged: dict[tuple[str, str], dict[str, Any]] = {}
+        for replica, rep in sorted(self.reports.items()):
+            if model is not None and rep["model"] != model.partition(":")[0]:
+                continue
+            for row in rep["rows"]:
+                if version is not None and row["version"] != version:
+                    continue
+                key = (row["name"], row["version"])
+                total = merged.setdefault(key, {**row, "inference_count": 0, "execution_count": 0,
+                                                "last_inference": 0, "replicas": [],
+                                                "inference_stats": {k: {"count": 0, "ns": 0}
+                                                                    for k in row["inference_stats"]}})
+                total["inference_count"] += row["inference_count"]
+                total["execution_count"] += row["execution_count"]
+                total["last_inference"] = max(total["last_inference"], row["last_inference"])
+                for k, d in row["inference_stats"].items():
+                    total["inference_stats"][k]["count"] += d["count"]
+                    total["inference_stats"][k]["ns"] += d["ns"]
+                total["replicas"].append({"replica": replica, "pid": rep["pid"],
+                                          "inference_count": row["inference_count"],
+                                          "execution_count": row["execution_count"],
+                                          "success_count": row["inference_stats"]["success"]["count"],
+                                          **({"adapter_cache": row["adapter_cache"]} if "adapter_cache" in row else {})})
+        return [merged[k] for k in sorted(merged)]
+
+
+@serve.ingress()
+class VeilFront(_Board):
+    """Server metadata, health, summed statistics, HE key registration and the repository API."""
+
+    def __init__(self, config: dict[str, Any], ray: dict[str, Any]) -> None:
+        self.config, self.ray = ServerConfig.from_dict(config), RayConfig.from_dict(ray)
+        self.reports = {}
+        self.repo = Path(self.config.repo)
+        self.models: list[str] = list(index(self.repo))
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        app = FastAPI(title="veil (Ray Serve)", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+        get = ["GET", "HEAD"]
+        app.add_api_route("/v2", self.server_metadata, methods=get)
+        app.add_api_route("/v2/health/live", self.live, methods=get)
+        app.add_api_route("/v2/health/ready", self.ready, methods=get)
+        app.add_api_route("/v2/models/stats", self.all_stats, methods=get)
+        app.add_api_route("/v2/models/{model}", self.forward_model, methods=[*get, "POST"])
+        app.add_api_route("/v2/models/{model}/{rest:path}", self.forward_model, methods=[*get, "POST"])
+        app.add_api_route("/v2/he/keys", self.he_keys, methods=["POST"])
+        app.add_api_route("/v2/he/keys/{key_id}", self.he_keys, methods=["DELETE"])
+        app.add_api_route("/v2/repository/index", self.repository_index, methods=["POST"])
+        app.add_api_route("/v2/repository/models/{model}/load", self.repository_load, methods=["POST"])
+        app.add_api_route("/v2/repository/models/{model}/unload", self.repository_unload, methods=["POST"])
+        add_exception_handlers(app)
+        return app
+
+    async def server_metadata(self, request: Request) -> Response:
+        admin = self.config.admin_token is not None
+        return _json({"name": "veil", "version": __version__,
+                      "extensions": EXTENSIONS + ["model_repository"] * admin + ["ray_serve"]})
+
+    async def live(self, request: Request) -> Response:
+        return _json({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        """Ready when one replica of every deployed model says its model is ready."""
+        states = {}
+        for name in self.models:
+            try:
+                states[name] = await serve.get_app_handle(model_app_name(name)).ready.remote()
+            except Exception:  # not deployed (unloaded) or no replica up yet
+                states[name] = False
+        ok = all(states.values())
+        return _json({"ready": ok, "models": states}, 200 if ok else 503)
+
+    async def all_stats(self, request: Request) -> Response:
+        return _json({"model_stats": self.stats()})
+
+    async def _forward(self, request: Request, model: str) -> Response:
+        if model not in self.models:
+            raise ModelNotFound(f"model '{model}' is not loaded; loaded models: {sorted(self.models)}")
+        handle = serve.get_app_handle(model_app_name(model))
+        client = request.client.host if request.client is not None else "unknown"
+        result = await handle.forward.remote(request.method, request.url.path, request.url.query.encode(),
+                                             list(request.headers.raw), await request.body(), client)
+        return _proxy(result)
+
+    async def forward_model(self, request: Request, model: str, rest: str = "") -> Response:
+        """``<model>:<adapter>`` routes (the proxy routes plain names straight to the model's replicas)."""
+        return await self._forward(request, check_model_name(model).partition(":")[0])
+
+    async def he_keys(self, request: Request, key_id: str | None = None) -> Response:
+        """Key registration goes to a replica of an encrypted-inference model; the store is the shared folder."""
+        he = [m for m in self.models if read_model(self.repo / m).config.backend == "veil_he"]
+        if not he:
+            raise ModelNotFound("POST /v2/he/keys: no encrypted-inference (veil_he) model is loaded, so no key is "
+                                "accepted")
+        return await self._forward(request, he[0])
+
+    def _check_admin(self, request: Request) -> None:
+        token = self.config.admin_token
+        if token is None:
+            raise RepositoryApiDisabled("the repository API is off: start the server with --admin-token or "
+                                        "VEIL_ADMIN_TOKEN")
+        if not hmac.compare_digest((bearer_token(request) or "").encode(), token.encode()):
+            raise Unauthorized("repository API: expected the header 'Authorization: Bearer <admin token>'")
+
+    async def repository_index(self, request: Request) -> Response:
+        self._check_admin(request)
+        statuses = serve.status().applications
+        rows = []
+        for name in index(self.repo):
+            app = statuses.get(model_app_name(name))
+            state = "READY" if name in self.models and app is not None and app.status == "RUNNING" else "UNAVAILABLE"
+            rows.append({"name": name, "state": state, **({} if state == "READY" else
+                                                          {"reason": "unloaded" if app is None else str(app.status)})})
+        return _json(rows)
+
+    async def repository_load(self, request: Request, model: str) -> Response:
+        """(Re)deploy one model's application: Ray replaces its replicas one by one (the old serve meanwhile)."""
+        self._check_admin(request)
+        folder = self.repo / check_model_name(model)
+        if not folder.is_dir():
+            raise ModelNotFound(f"model '{model}' is not in the repository {self.repo}")
+        target = model_target(self.config, self.ray, model)
+        await asyncio.to_thread(serve.run, target.target, name=target.name, route_prefix=target.route_prefix)
+        if model not in self.models:
+            self.models.append(model)
+        return _json({})
+
+    async def repository_unload(self, request: Request, model: str) -> Response:
+        self._check_admin(request)
+        if check_model_name(model) not in self.models:
+            raise ModelNotFound(f"model '{model}' is not loaded; loaded models: {sorted(self.models)}")
+        self.models.remove(model)
+        await asyncio.to_thread(serve.delete, model_app_name(model))
+        return _json({})
+
+
+def _json(content: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
+
+
+# -- building and running the applications ------------------------------------------------------------------
+def model_target(config: ServerConfig, ray: RayConfig, model: str) -> RunTarget:
+    """The Serve application of one model (``config`` as :func:`replica_config` made it)."""
+    deployment = serve.deployment(VeilModel, name="VeilModel", **deployment_options(Path(config.repo), model, ray))
+    return RunTarget(target=deployment.bind(config.to_dict(), model), name=model_app_name(model),
+                     route_prefix=f"/v2/models/{model}")
+
+
+def app(repo: str | Path, config: ServerConfig | None = None, ray: RayConfig | None = None,
+        **ray_options: Any) -> list[RunTarget]:
+    """The Serve applications of a repository: the front (with the statistics board) and one per model.
+
+    Args:
+        repo: the model repository folder.
+        config: server settings (host/port are Ray's HTTP proxy's, set with ``serve.start``).
+        ray: replica settings; or give them as keywords (``replicas=2``, ``max_replicas=4``...).
+
+    Example:
+        >>> serve.run_many(app("models/", replicas=2))   # doctest: +SKIP
+    """
+    ray = ray or RayConfig(**ray_options)
+    config = replica_config((config or ServerConfig(repo=str(repo))).replace(repo=str(repo)), ray)
+    models = index(Path(config.repo))
+    front = serve.deployment(VeilFront, name=FRONT, num_replicas=1, ray_actor_options={"num_cpus": 0},
+                             max_ongoing_requests=256).bind(config.to_dict(), ray.to_dict())
+    return [RunTarget(target=front, name=FRONT_APP, route_prefix="/"),
+            *(model_target(config, ray, m) for m in models)]
+
+
+def serve_ray(config: ServerConfig, ray_config: RayConfig) -> None:
+    """`veil serve --ray`: join (or start) a Ray cluster, deploy the repository, serve until SIGINT/SIGTERM,
+    then delete veil's applications (a local cluster is stopped with this process)."""
+    import ray
+
+    ray.init(address=ray_config.ray_address or None, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": config.host, "port": config.port})
+        targets = app(config.repo, config, ray_config)
+        serve.run_many(targets)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        print(f"veil serve --ray: {len(targets) - 1} models on http://{config.host}:{config.port} "
+              f"(Ray {ray.__version__})", flush=True)
+        stop.wait()
+        for target in reversed(targets):
+            serve.delete(target.name)
+    finally:
+        ray.shutdown()

@@ -1,0 +1,138 @@
+"""veil's repository on Ray Serve: a local Ray cluster on loopback, started and stopped in this module.
+
+One module-scoped cluster (2 CPUs, 80 MiB object store) serves the toy `wide` model with two replicas of half a
+CPU each; stock ``tritonclient.http`` talks to Ray's HTTP proxy unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+th = pytest.importorskip("tritonclient.http")
+httpx = pytest.importorskip("httpx")
+
+from veil.engine import ray_serve  # noqa: E402
+from veil.engine.toy import digits_model, write_repository  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    repo = write_repository(tmp_path_factory.mktemp("ray") / "repo", {"wide": digits_model(hidden=256)},
+                            max_batch_size=8)
+    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    port = _free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run_many(ray_serve.app(repo, replicas=2, replica_cpus=0.5))
+        yield f"127.0.0.1:{port}", repo
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _input(x: np.ndarray):
+    tensor = th.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    return tensor
+
+
+def _replicas(url: str, want: int, timeout: float = 60.0, exclude: frozenset = frozenset()) -> list[dict]:
+    """The stats' replica entries once ``want`` replicas (not in ``exclude``) have answered (bounded wait)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = httpx.get(f"http://{url}/v2/models/wide/stats", timeout=10).json()["model_stats"][0]
+        rows = [r for r in stats["replicas"] if r["replica"] not in exclude and r["inference_count"] > 0]
+        if len(rows) >= want or time.monotonic() > deadline:
+            return rows
+        time.sleep(ray_serve.REPORT_S)
+
+
+def test_two_replicas_answer_stock_tritonclient(cluster):
+    url, repo = cluster
+    import onnxruntime as ort
+
+    client = th.InferenceServerClient(url)
+    assert client.is_server_ready() and client.is_model_ready("wide")
+    assert client.get_model_metadata("wide")["outputs"][0]["name"] == "logits"
+    x = np.random.default_rng(0).normal(size=(3, 1, 8, 8)).astype(np.float32)
+    expected = ort.InferenceSession(str(repo / "wide" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    for _ in range(24):
+        result = client.infer("wide", [_input(x)])
+        np.testing.assert_allclose(result.as_numpy("logits"), expected, rtol=1e-5, atol=1e-5)
+    rows = _replicas(url, 2)
+    assert len(rows) == 2, rows  # both replicas answered, and the summed stats say so
+    total = httpx.get(f"http://{url}/v2/models/wide/stats", timeout=10).json()["model_stats"][0]
+    assert total["inference_stats"]["success"]["count"] == sum(r["success_count"] for r in total["replicas"]) >= 24
+    # server-wide routes on the front; a '<model>:<adapter>' name is forwarded to the model's replicas
+    assert httpx.get(f"http://{url}/v2/health/ready", timeout=30).json()["ready"] is True
+    missing = httpx.post(f"http://{url}/v2/models/nope/infer", json={"inputs": []}, timeout=10)
+    assert missing.status_code == 404 and "nope" in missing.json()["error"]
+    adapter = httpx.get(f"http://{url}/v2/models/wide:lora1", timeout=30)
+    assert adapter.status_code == 404 and "adapter" in adapter.json()["error"]
+    assert adapter.headers["veil-replica"] in {r["replica"] for r in rows}
+
+
+def test_killed_replica_is_replaced_and_only_in_flight_requests_fail(cluster):
+    url, _ = cluster
+    before = _replicas(url, 2)
+    assert len(before) == 2
+    x = np.ones((1, 1, 8, 8), np.float32)
+    lock, state = threading.Lock(), {"in_flight": 0, "ok": 0, "failed": 0}
+    in_flight_at_kill: list[int] = []
+    requests_per_worker = 60
+
+    def worker() -> None:
+        client = th.InferenceServerClient(url, network_timeout=60)
+        for _ in range(requests_per_worker):
+            with lock:
+                state["in_flight"] += 1
+            try:
+                client.infer("wide", [_input(x)])
+                outcome = "ok"
+            except Exception:  # the request that was running on the killed replica
+                outcome = "failed"
+            with lock:
+                state["in_flight"] -= 1
+                state[outcome] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    while state["ok"] < 20:
+        time.sleep(0.01)
+    with lock:
+        in_flight_at_kill.append(state["in_flight"])
+        os.kill(before[0]["pid"], signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=120)
+    print(f"killed replica {before[0]['replica']}: {state['failed']} failed of {4 * requests_per_worker}, "
+          f"{in_flight_at_kill[0]} in flight at the kill")
+    assert state["ok"] + state["failed"] == 4 * requests_per_worker
+    assert state["failed"] <= in_flight_at_kill[0], (state, in_flight_at_kill)
+    # Ray replaces the replica: a new one answers beside the survivor
+    client = th.InferenceServerClient(url)
+    deadline = time.monotonic() + 90
+    replaced: list[dict] = []
+    while not replaced and time.monotonic() < deadline:
+        for _ in range(8):
+            client.infer("wide", [_input(x)])
+        replaced = _replicas(url, 1, timeout=2, exclude=frozenset(r["replica"] for r in before))
+    assert replaced and replaced[0]["pid"] != before[0]["pid"]
