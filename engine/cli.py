@@ -16,12 +16,15 @@ import argparse
 import os
 import sys
 
+from veil.config import ConfigError
+
 from .server import ServeError, ServerConfig, serve
 
 EXAMPLE = """example:
   veil serve --repo models/ --port 8000 --grpc-port 8001
   curl -s localhost:8000/v2/models/digits
   VEIL_ADMIN_TOKEN=s3cret veil serve --repo models/
+  veil serve --repo models/ --ray --replicas 2          # Ray Serve: 2 replicas per model on a local cluster
 """
 
 
@@ -29,7 +32,30 @@ def build_parser(prog: str = "veil serve") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     ServerConfig.add_arguments(parser)
+    ray = parser.add_argument_group("Ray Serve (veil.engine.ray_serve; needs `pip install 'veil[ray]'`)")
+    ray.add_argument("--ray", action="store_true", help="serve the repository as Ray Serve applications "
+                     "(--host/--port are Ray's HTTP proxy)")
+    ray.add_argument("--ray-address", help="Ray cluster to join ('auto', 'ray://HOST:10001'); default: start a local one")
+    ray.add_argument("--replicas", type=int, help="replicas per model (default: config.pbtxt instance_group count)")
+    ray.add_argument("--min-replicas", type=int, help="autoscaling lower bound per model (with --max-replicas)")
+    ray.add_argument("--max-replicas", type=int, help="autoscale each model up to this many replicas")
+    ray.add_argument("--target-ongoing-requests", type=float, help="autoscaling target per replica (default: 4)")
+    ray.add_argument("--replica-cpus", type=float, help="CPUs (and ONNX Runtime threads) per replica (default: 1)")
+    ray.add_argument("--max-ongoing-requests", type=int, help="requests one replica takes at once (default: 32)")
     return parser
+
+
+def ray_config_from_args(argv: list[str] | None):  # -> veil.engine.ray_serve.RayConfig | None
+    """The Ray Serve settings when ``--ray`` is given (None otherwise; ray is imported only then)."""
+    args = build_parser().parse_args(argv)
+    if not args.ray:
+        return None
+    try:
+        from .ray_serve import RayConfig
+    except ImportError as exc:
+        raise ConfigError(f"--ray: expected the ray[serve] package (pip install 'veil[ray]'), received an import "
+                          f"error: {exc}") from None
+    return RayConfig.from_args(args)
 
 
 def config_from_args(argv: list[str] | None) -> ServerConfig:
@@ -46,6 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): `veil serve` returns, the caller exits
         return exc.code if isinstance(exc.code, int) else 2
+    try:
+        ray = ray_config_from_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if ray is not None:
+        from .ray_serve import serve_ray
+
+        serve_ray(config, ray)
+        return 0
     try:
         serve(config)
     except ServeError as exc:  # the port is busy: one line, before any model loaded
