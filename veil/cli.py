@@ -1,7 +1,9 @@
 """The one `veil` command: `veil <group> <verb> [options]`.
 
-Verbs are modules with ``build_parser()`` and ``main(argv) -> int``; they are imported only when run, so
-`veil --help` stays fast and a client install never imports torch.
+Verbs are modules with ``build_parser()`` and ``main(argv) -> int`` (or ``"module:function"``, a function of the
+same signature: `veil train codec` trains in veil.training and exports in veil.export, the front door composes
+the two rooms); they are imported only when run, so `veil --help` stays fast and a client install never imports
+torch.
 """
 
 from __future__ import annotations
@@ -9,14 +11,16 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 
 from veil import __version__
 
 # group -> (what it is for, {verb: module}, example)
 GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
     "train": ("train models from scratch", {"uldnet": "veil.training.uldnet.cli", "lm": "veil.training.lm.cli",
-                                            "rl": "veil.training.rl.cli", "codec": "veil.training.codec.cli",
-                                            "sampler": "veil.training.priorguide.cli"},
+                                            "rl": "veil.training.rl.cli", "codec": "veil.export.codec_cli:train_main",
+                                            "sampler": "veil.training.priorguide.cli",
+                                            "forecast": "veil.training.forecast.cli"},
               "veil train uldnet --preset digits --arch cnn --out runs/polycnn"),
     "finetune": ("adapter fine-tuning: LoRA, PSOFT, mtLoRA, E2LoRA, LoRA-Mixer, VAPT", {"": "veil.training.adapters.cli"},
                  "veil finetune --method lora --model bundled:all-MiniLM-L6-v2 --task sentiment --out runs/lora"),
@@ -26,7 +30,8 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
                                                                              "adapters": "veil.export.adapters_cli",
                                                                              "finetuned": "veil.export.finetuned_cli",
                                                                              "codec": "veil.export.codec_cli",
-                                                                             "sampler": "veil.export.sampler_cli"},
+                                                                             "sampler": "veil.export.sampler_cli",
+                                                                             "forecast": "veil.export.forecast_cli"},
                "veil export onnx runs/polycnn --repo models --name digits"),
     "serve": ("serve a model repository over the Open Inference Protocol v2", {"": "veil.engine.cli"},
               "veil serve --repo models/ --port 8000"),
@@ -36,11 +41,17 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
               "veil codec encode photo.png -o photo.vc --model runs/codec --target-bpp 0.02"),
     "sample": ("PriorGuide posterior sampling with a prior chosen at sampling time", {"": "veil.posterior.cli"},
                "veil sample models/gl5 --x 0.1 0.2 --prior '{\"family\": \"gaussian\", \"mean\": [0, 0], \"std\": 0.3}'"),
+    "cluster": ("k-clustering from a noisy quadruplet oracle (\"is d(a,b) <= d(c,d)?\")",
+                {"": "veil.algorithms.cluster.cli"}, "veil cluster --data items.jsonl --k 5 --oracle noisy --phi 0.15"),
+    "games": ("Nash equilibria: regret matching (RM+ .. MI-SPRM+), CFR on OpenSpiel games",
+              {"solve": "veil.algorithms.games.cli", "cfr": "veil.algorithms.games.cfr_cli"},
+              "veil games solve payoff.npy --algorithm mi-sprm+ --iterations 10000 --plot gap.png"),
 }
 
 # group -> the extra that installs what it imports (`veil[client]`, the base install, runs only `veil he`)
 EXTRAS = {"train": "train", "finetune": "train", "compress": "train", "export": "export", "serve": "serve",
-          "codec": "codec", "sample": "train", "he": "client", "demo": "all"}
+          "codec": "codec", "sample": "train", "he": "client", "demo": "all",
+          "cluster": "train", "games": "games"}
 
 USAGE = f"""usage: veil <group> <verb> [options]      (veil <group> --help lists the verbs)
 
@@ -85,14 +96,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     verbs = GROUPS[group][1]
     if "" in verbs:  # a group that is one command (`veil serve --repo DIR`)
-        return run_verb(f"veil {group}", lambda: importlib.import_module(verbs[""]).main(rest))
+        return run_verb(f"veil {group}", lambda: verb_main(verbs[""])(rest))
     if not rest or rest[0] in ("-h", "--help"):
         print(group_help(group))
         return 0 if rest else 2
     if rest[0] not in verbs:
         print(f"veil {group}: unknown verb {rest[0]!r}; expected {sorted(verbs)}", file=sys.stderr)
         return 2
-    return run_verb(f"veil {group} {rest[0]}", lambda: importlib.import_module(verbs[rest[0]]).main(rest[1:]))
+    return run_verb(f"veil {group} {rest[0]}", lambda: verb_main(verbs[rest[0]])(rest[1:]))
+
+
+def verb_main(target: str) -> Callable[[list[str]], int]:
+    """The ``main(argv) -> int`` a verb table entry names: ``"module"`` (its ``main``) or ``"module:function"``."""
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function or "main")
 
 
 def run_verb(name: str, call) -> int:
