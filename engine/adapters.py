@@ -13,18 +13,17 @@ issue. Adapter runs use ``InferenceSession.run``: ORT ignores active adapters in
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import threading
-from dataclasses import dataclass
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from .batcher import Scheduler, _Pending
-from .errors import MalformedRequest, ModelLoadFailed, ModelNotFound, ModelNotReady
+from .batcher import Scheduler
+from .errors import MalformedRequest, ModelLoadFailed, ModelNotFound
 from .metrics import CounterFamily, Metrics, ModelMetrics
 from .repository import BatchingConfig
 from .runtime import Session
@@ -141,18 +140,11 @@ def select_adapter(cache: AdapterCache | None, model: str, from_name: str | None
     return cache.check(adapter)
 
 
-@dataclass
-class _AdapterPending(_Pending):
-    adapter: str | None = None
-
-    @property
-    def key(self) -> tuple:
-        """Requests group (one session run) only with requests for the same adapter."""
-        return (self.adapter, *super().key)
-
-
 class AdapterScheduler(Scheduler):
     """The dynamic batcher with one session run per adapter group of each batch (the ORT path).
+
+    Requests carry their adapter id as the batcher's tag (:meth:`Scheduler.submit`), so a batch groups by adapter
+    and each adapter group runs through the ``run_tagged`` hook with that adapter active.
 
     Args:
         session: the model's session; base groups use ``session.run``, adapter groups ``InferenceSession.run``.
@@ -162,31 +154,14 @@ class AdapterScheduler(Scheduler):
 
     def __init__(self, session: Session, cache: AdapterCache, max_batch_size: int, batching: BatchingConfig | None,
                  instances: int, metrics: ModelMetrics) -> None:
-        super().__init__(self._run_adapter, session.output_names, max_batch_size, batching, instances, metrics)
-        self._session, self._cache, self._local = session, cache, threading.local()
+        super().__init__(session.run, session.output_names, max_batch_size, batching, instances, metrics,
+                         run_tagged=self._run_adapter)
+        self._session, self._cache = session, cache
 
-    def _run_adapter(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        adapter = self._local.adapter  # set by _run_group in this worker thread
-        if adapter is None:
-            return self._session.run(feeds)
-        _loaded, options = self._cache.activate(adapter)  # _loaded stays referenced until the run returns
+    def _run_adapter(self, feeds: dict[str, np.ndarray], adapter: Hashable) -> list[np.ndarray]:
+        """Worker thread: one run of ``feeds`` with ``adapter`` active."""
+        _loaded, options = self._cache.activate(str(adapter))  # _loaded stays referenced until the run returns
         return self._session.session.run(self._session.output_names, feeds, run_options=options)
-
-    def _run_group(self, group: list[_Pending]) -> list[dict[str, np.ndarray]]:
-        self._local.adapter = getattr(group[0], "adapter", None)  # every request of a group has the same adapter
-        return super()._run_group(group)
-
-    async def submit(self, feeds: dict[str, np.ndarray], batch: int,
-                     adapter: str | None = None) -> tuple[dict[str, np.ndarray], int]:
-        """Schedule one request for ``adapter`` (None: the base); returns its outputs and the ns it queued."""
-        if self._closing:
-            raise ModelNotReady(f"model '{self._metrics.name}' is unloading")
-        pending = _AdapterPending(feeds, batch, asyncio.get_running_loop().create_future(), adapter=adapter)
-        self._active += 1
-        try:
-            return await self._schedule(pending), pending.queue_ns
-        finally:
-            self._active -= 1
 
 
 def adapter_metadata(body: dict[str, Any], cache: AdapterCache | None, requested: str) -> dict[str, Any]:
