@@ -42,7 +42,7 @@ def ensure_model(path: Path, quick: bool) -> tuple[Path, float | None]:
         return resolve_model(path), None
     except ValueError:
         pass
-    from veil.training.codec.cli import main as train_main
+    from veil.export.codec_cli import train_main  # `veil train codec`: train, then export
 
     start = time.perf_counter()
     argv = ["--out", str(path), "--no-progress"]

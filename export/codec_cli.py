@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 EXAMPLE = """example:
   veil export codec runs/codec --repo models --name codec
@@ -25,6 +26,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", required=True, help="model name in the repository")
     parser.add_argument("--version", type=int, default=1, help="version folder (default 1)")
     return parser
+
+
+def export_run(run: Path) -> dict[str, Any]:
+    """Export a `veil train codec` run folder to ``run/repo/codec/1``; the summary fields `veil train codec` adds."""
+    from .codec import export_codec
+
+    manifest = export_codec(run, run / "repo", "codec")
+    return {"model": str(run / "repo" / "codec"), "model_hash": manifest["model_hash"],
+            "validation": manifest["validation"]}
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """`veil train codec`: train (veil.training.codec.cli), then export the run here unless ``--no-export``."""
+    from veil.training.codec.cli import main as train
+
+    return train(argv, export=export_run)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ def test_unknown_group_and_verb_are_errors(capsys: pytest.CaptureFixture[str]) -
     assert main(["nope"]) == 2
     assert "unknown group 'nope'" in capsys.readouterr().err
     assert main(["train", "nope"]) == 2
-    assert "unknown verb 'nope'; expected ['codec', 'lm', 'rl', 'sampler', 'uldnet']" in capsys.readouterr().err
+    assert f"unknown verb 'nope'; expected {sorted(GROUPS['train'][1])}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [[group, verb] for group, (_, verbs, _) in GROUPS.items() for verb in verbs if verb]

@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .config import CodecModelConfig, CodecTrainConfig
 
@@ -40,7 +42,12 @@ def build_parser(prog: str = "veil train codec") -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, export: Callable[[Path], dict[str, Any]] | None = None) -> int:
+    """Train and save the run; ``export(run) -> summary fields`` then exports it unless ``--no-export``.
+
+    `veil train codec` passes veil.export's (:func:`veil.export.codec_cli.export_run`): training never imports
+    export (ARCHITECTURE.md, "Data flows one way"), the front door composes the two.
+    """
     from veil.codec.images import load_folder
 
     from .data import skimage_images
@@ -52,12 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     result = train_codec(model_config, train_config, list(images.values()), progress=not args.no_progress)
     save_codec(result, args.out, sorted(images))
     summary = {"checkpoint": str(args.out), **result.metrics}
-    if not args.no_export:
-        from veil.export.codec import export_codec
-
-        manifest = export_codec(args.out, args.out / "repo", "codec")
-        summary |= {"model": str(args.out / "repo" / "codec"), "model_hash": manifest["model_hash"],
-                    "validation": manifest["validation"]}
+    if export is not None and not args.no_export:
+        summary |= export(args.out)
     print(json.dumps(summary, indent=2))
     return 0
 

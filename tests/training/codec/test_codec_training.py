@@ -74,7 +74,7 @@ def test_train_cli_writes_a_run_usable_by_veil_codec(tmp_path, capsys) -> None:
 
     from veil.codec.cli import main as codec_main
     from veil.codec.images import png_bytes
-    from veil.training.codec.cli import main
+    from veil.export.codec_cli import train_main as main  # `veil train codec`: train, then export
 
     flags = ["--tokenizer-steps", "2", "--prior-steps", "2", "--crop", "64", "--prior-crop", "64", "--batch-size", "2",
              "--prior-crops", "2", "--channels", "8", "8", "8", "8", "--prior-width", "16", "--prior-layers", "1",
