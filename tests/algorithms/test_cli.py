@@ -1,0 +1,61 @@
+"""`veil cluster` and `veil games solve|cfr` in-process: JSON on stdout, exit 2 with one line for bad input,
+an example in every --help."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from veil.cli import main
+
+
+@pytest.mark.parametrize("argv", [["cluster", "--help"], ["games", "solve", "--help"], ["games", "cfr", "--help"]])
+def test_every_help_has_an_example(argv: list[str], capsys) -> None:
+    assert main(argv) == 0
+    assert "example:\n  veil " in capsys.readouterr().out.replace("  python -c", "  veil")
+
+
+def test_veil_cluster_writes_a_summary_and_per_item_assignments(tmp_path, blobs, capsys) -> None:
+    data = tmp_path / "pts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "x": x}) + "\n" for i, x in enumerate(blobs[:150].tolist())))
+    out = tmp_path / "labels.jsonl"
+    argv = ["cluster", "--data", str(data), "--k", "3", "--oracle", "noisy", "--phi", "0.1", "--out", str(out)]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["n"] == 150 and summary["queries"] > 0 and sum(summary["cluster_sizes"]) == 150
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"p{i}" for i in range(150)] and {r["cluster"] for r in rows} <= {0, 1, 2}
+
+
+def test_veil_cluster_refuses_texts_without_the_model_oracle(tmp_path, capsys) -> None:
+    data = tmp_path / "t.jsonl"
+    data.write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert main(["cluster", "--data", str(data), "--k", "1", "--oracle", "exact"]) == 2
+    assert 'expected items with "x", received texts' in capsys.readouterr().err
+
+
+def test_veil_games_solve_prints_the_gap_curve_and_plots_it(tmp_path, capsys) -> None:
+    payoff = tmp_path / "a.npy"
+    np.save(payoff, np.array([[3.0, 0, -3], [0, 3, -4], [0, 0, 1]]))
+    plot = tmp_path / "gap.png"
+    argv = ["games", "solve", str(payoff), "--algorithm", "mi-sprm+", "--iterations", "500", "--plot", str(plot)]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["iterations"][-1] == 500 and report["gaps"][-1] == report["gap"] < report["gaps"][0]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_veil_games_solve_refuses_a_bad_payoff_file(tmp_path, capsys) -> None:
+    bad = tmp_path / "a.csv"
+    bad.write_text("1,2\n3\n")
+    assert main(["games", "solve", str(bad)]) == 2
+    assert "payoff: expected rows of equal length, received [1, 2]" in capsys.readouterr().err
+
+
+def test_veil_games_cfr_on_kuhn_poker(capsys) -> None:
+    pytest.importorskip("pyspiel")
+    assert main(["games", "cfr", "kuhn_poker", "--iterations", "30"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["exploitability"][-1] < 0.2 * run["exploitability"][0]
