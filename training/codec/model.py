@@ -20,6 +20,16 @@ from veil.codec.scales import area_matrix, bilinear_matrix, scale_sizes
 from .config import CodecModelConfig
 
 
+def _init_convs(module: nn.Module) -> None:
+    """He (fan-in) normal weights and zero biases on every conv: with torch's default init the signal shrinks
+    ~3x per layer, the biases dominate after a few layers and the untrained encoder's signs (hence the tokens
+    and the decoded image) do not depend on the input; a short training never leaves that collapse."""
+    for m in module.modules():
+        if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            nn.init.zeros_(m.bias)
+
+
 def _resample(x: torch.Tensor, size: tuple[int, int], matrix) -> torch.Tensor:
     """(B, C, H, W) -> (B, C, h, w) with the shared per-axis matrices (area down or bilinear up)."""
     a = torch.from_numpy(matrix(size[0], x.shape[2]))  # (h, H)
@@ -39,6 +49,7 @@ class Encoder(nn.Module):
             c_in = c
         layers.append(nn.Conv2d(c_in, cfg.d, 1))
         self.net = nn.Sequential(*layers)
+        _init_convs(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.net(x), dim=1, eps=1e-6)
@@ -55,6 +66,7 @@ class Decoder(nn.Module):
             layers += [nn.Conv2d(c_in, c_in, 3, 1, 1), nn.GELU(), nn.ConvTranspose2d(c_in, c_out, 4, 2, 1), nn.GELU()]
         layers.append(nn.Conv2d(widths[-1], 3, 3, 1, 1))
         self.net = nn.Sequential(*layers)
+        _init_convs(self)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.net(z)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,9 @@ def cosine(step: int, steps: int) -> float:
     return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
 
 
-def train_tokenizer(tok: Tokenizer, images: list[np.ndarray], cfg: CodecTrainConfig, progress: bool) -> dict[str, float]:
+def train_tokenizer(tok: Tokenizer, images: list[np.ndarray], cfg: CodecTrainConfig, progress: bool,
+                    on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
+    """Stage 1; ``on_step(step, metrics)`` runs after every step (periodic checkpoints)."""
     from pytorch_msssim import ssim
 
     rng, weights = np.random.default_rng(cfg.seed), sampling_weights(images)
@@ -74,6 +77,8 @@ def train_tokenizer(tok: Tokenizer, images: list[np.ndarray], cfg: CodecTrainCon
         opt.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+        if on_step is not None:
+            on_step(step + 1, {"tokenizer_loss": float(np.mean(losses[-50:]))})
     return {"tokenizer_loss": float(np.mean(losses[-50:]))}
 
 
@@ -103,7 +108,9 @@ def token_dataset(tok: Tokenizer, images: list[np.ndarray], cfg: CodecTrainConfi
     return tuple(torch.from_numpy(np.stack(col)) for col in zip(*rows, strict=True))
 
 
-def train_prior(prior: Prior, data: tuple[torch.Tensor, ...], cfg: CodecTrainConfig, progress: bool) -> dict[str, float]:
+def train_prior(prior: Prior, data: tuple[torch.Tensor, ...], cfg: CodecTrainConfig, progress: bool,
+                on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
+    """Stage 2 on the frozen tokens of :func:`token_dataset`; ``on_step`` as in :func:`train_tokenizer`."""
     feats, pos, sid, target, active = data
     rng = np.random.default_rng(cfg.seed + 2)
     opt = torch.optim.AdamW(prior.parameters(), lr=cfg.lr, weight_decay=1e-4)
@@ -122,21 +129,42 @@ def train_prior(prior: Prior, data: tuple[torch.Tensor, ...], cfg: CodecTrainCon
         opt.step()
         losses.append(loss.item())
         bar.set_postfix(bits_per_bit=f"{np.mean(losses[-50:]):.4f}")
+        if on_step is not None:
+            on_step(step + 1, {"prior_bits_per_active_bit": float(np.mean(losses[-50:]))})
     return {"prior_bits_per_active_bit": float(np.mean(losses[-50:]))}
 
 
 def train_codec(model_config: CodecModelConfig, train_config: CodecTrainConfig, images: list[np.ndarray],
-                progress: bool = True) -> CodecResult:
-    """Both stages, deterministic for a seed on one machine (single-threaded by default)."""
+                progress: bool = True, checkpoint: Callable[[CodecResult], None] | None = None,
+                tokenizer: Tokenizer | None = None) -> CodecResult:
+    """Both stages, deterministic for a seed on one machine (single-threaded by default).
+
+    ``checkpoint`` receives a usable (tokenizer, prior) pair every ``train_config.checkpoint_every`` steps of
+    either stage (during stage 1 the prior is still untrained: its metrics say ``stage: tokenizer``). A given
+    ``tokenizer`` (e.g. from a stopped run's checkpoint) skips stage 1 and trains only the prior on it.
+    """
     torch.manual_seed(train_config.seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(train_config.threads)
+    every = train_config.checkpoint_every
     try:
         start = time.perf_counter()
-        tok, prior = Tokenizer(model_config), Prior(model_config)
-        metrics = train_tokenizer(tok, images, train_config, progress)
+        tok = tokenizer if tokenizer is not None else Tokenizer(model_config)
+        prior = Prior(model_config)
+
+        def save(stage: str) -> Callable[[int, dict[str, float]], None]:
+            def on_step(step: int, metrics: dict[str, float]) -> None:
+                if checkpoint is not None and every and step % every == 0:
+                    elapsed = round(time.perf_counter() - start, 1)
+                    checkpoint(CodecResult(tok, prior, model_config, train_config,
+                                           {**metrics, "stage": stage, "step": step, "train_seconds": elapsed}))
+            return on_step
+
+        metrics: dict[str, Any] = {}
+        if tokenizer is None:
+            metrics |= train_tokenizer(tok, images, train_config, progress, save("tokenizer"))
         tok.eval().requires_grad_(False)
-        metrics |= train_prior(prior, token_dataset(tok, images, train_config), train_config, progress)
+        metrics |= train_prior(prior, token_dataset(tok, images, train_config), train_config, progress, save("prior"))
         prior.eval().requires_grad_(False)
         metrics["train_seconds"] = round(time.perf_counter() - start, 1)
         return CodecResult(tok, prior, model_config, train_config, metrics)

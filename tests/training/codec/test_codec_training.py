@@ -85,3 +85,35 @@ def test_train_cli_writes_a_run_usable_by_veil_codec(tmp_path, capsys) -> None:
     (tmp_path / "x.png").write_bytes(png_bytes(np.zeros((40, 50, 3), np.uint8)))
     assert codec_main(["encode", str(tmp_path / "x.png"), "-o", str(tmp_path / "x.vc"), "--model",
                        str(tmp_path / "run")]) == 0
+
+
+def test_untrained_encoder_depends_on_its_input() -> None:
+    """Regression: with torch's default conv init the biases dominate after a few layers, so two photos got the
+    same latent (distance 2e-4), the same tokens and the same decoded image; short (--quick) runs never left it."""
+    from veil.codec.images import bundled
+
+    torch.manual_seed(0)
+    tok = Tokenizer(CodecModelConfig(channels=[16, 32, 32, 48])).eval()
+    x = torch.stack([torch.from_numpy(np.ascontiguousarray(im[:128, :128].transpose(2, 0, 1)) / 255.0 - 0.5).float()
+                     for im in bundled(("astronaut", "coffee")).values()])
+    with torch.no_grad():
+        z = tok.encoder(x)
+        _, tokens, _ = tok.quantize(z)
+    assert float((z[0] - z[1]).norm(dim=0).mean()) > 0.3
+    assert float((tokens[-1][0] != tokens[-1][1]).float().mean()) > 0.2
+
+
+def test_checkpoints_are_written_every_n_steps_and_a_tokenizer_can_be_reused() -> None:
+    images = list(skimage_images(("camera",)).values())
+    cfg = CodecTrainConfig(tokenizer_steps=4, prior_steps=2, crop=64, prior_crop=64, batch_size=2, prior_crops=2,
+                           checkpoint_every=2)
+    seen = []
+    result = train_codec(CodecModelConfig(**TINY), cfg, images, progress=False,
+                         checkpoint=lambda r: seen.append((r.metrics["stage"], r.metrics["step"])))
+    assert seen == [("tokenizer", 2), ("tokenizer", 4), ("prior", 2)]
+    before = {k: v.clone() for k, v in result.tokenizer.state_dict().items()}
+    again = train_codec(CodecModelConfig(**TINY), cfg, images, progress=False, tokenizer=result.tokenizer)
+    assert all(torch.equal(before[k], v) for k, v in again.tokenizer.state_dict().items())  # stage 1 skipped
+    assert "tokenizer_loss" not in again.metrics and "prior_bits_per_active_bit" in again.metrics
+    with pytest.raises(ConfigError, match="checkpoint_every: expected >= 0, received -1"):
+        CodecTrainConfig(checkpoint_every=-1)
