@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from veil import __version__
 from veil.config import Config, ConfigError, field
 
-from . import http
+from . import http, recommend
 from .dataplane import DataPlane
 from .errors import add_exception_handlers
 from .metrics import Metrics
@@ -168,6 +168,7 @@ def add_routes(app: FastAPI) -> None:
         app.add_api_route(base + "/infer", http.infer, methods=["POST"])
         app.add_api_route(base + "/config", http.model_config, methods=GET)
         app.add_api_route(base + "/stats", http.model_stats, methods=GET)
+    app.add_api_route("/v2/recommend", recommend.recommend, methods=["POST"])
     app.add_api_route("/v2/he/keys", http.register_he_keys, methods=["POST"])
     app.add_api_route("/v2/he/keys/{key_id}", http.delete_he_keys, methods=["DELETE"])
     app.add_api_route("/v2/repository/index", http.repository_index, methods=["POST"])

@@ -47,6 +47,9 @@ def build_parser(prog: str = "veil export adapters") -> argparse.ArgumentParser:
     parser.add_argument("--merged", action="store_true", help="also write one merged model <name>-<id> per adapter")
     parser.add_argument("--max-batch-size", type=int, default=32, help="config.pbtxt max_batch_size (default 32)")
     parser.add_argument("--cache-size", type=int, default=8, help="adapters kept loaded by the server (LRU, default 8)")
+    parser.add_argument("--spec", nargs="?", const="", default=None, metavar="JSON",
+                        help="also write each adapter's PAVE spec (pave/<id>.json; every adapter must be a `veil "
+                             "finetune` text run); optional JSON of PaveConfig fields plus probe_size (docs/recommend.md)")
     return parser
 
 
@@ -59,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(adapters) != len(args.adapter):
         print(f"--adapter: expected distinct ids, received {[i for i, _ in args.adapter]}", file=sys.stderr)
         return 2
+    spec_config = None
+    if args.spec is not None:  # bad settings fail before the export
+        from .spec import run_spec, spec_settings, write_spec
+
+        spec_config = spec_settings(args.spec)
     folder = resolve_encoder(args.base)
     model, config = load_sentence_encoder(folder)
     manifest = export_adapters(model, sentence_encoder_spec(config), adapters, args.repo, args.name, args.version,
@@ -71,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                              "max_abs_diff": max(v["max_abs_diff_vs_torch"] for c in row["parity"]["cases"]
                                                  for k, v in c.items() if k != "case")} for row in manifest["adapters"]],
                "merged_models": [f"{args.name}-{row['id']}" for row in manifest["adapters"]] if args.merged else []}
+    if spec_config is not None:
+        summary["pave_specs"] = {aid: write_spec(args.repo, args.name, run_spec(path, *spec_config, args.base), aid)
+                                 for aid, path in adapters.items()}
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -1,0 +1,158 @@
+"""POST /v2/recommend (issue 22): plaintext ranking, refusals with field/expected/received, bounded bodies, a fuzzed
+body parser, the spec listed in model metadata, and one private (CKKS) round trip that equals the plaintext ranking."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from veil.engine.errors import MalformedRequest
+from veil.engine.recommend import parse_request
+from veil.engine.server import ServerConfig, create_app
+from veil.engine.toy import affine_model, write_repository
+from veil.export.spec import write_spec
+from veil.he.recommend import PrivateRecommendClient
+from veil.he.recommend_spec import PaveVector, rank_models
+
+IDENT = {"base": "toy-base", "base_sha256": "a" * 64, "projection_seed": 3, "rank": 2}
+DIM = 40
+
+
+def vec(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=DIM)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three toy models with model specs (m0 carries an adapter spec too), one broken spec, one model without."""
+    root = tmp_path_factory.mktemp("recommend-repo")
+    write_repository(root, {name: affine_model(seed=i) for i, name in enumerate(["m0", "m1", "m2", "broken", "plain"])})
+    for i, name in enumerate(["m0", "m1", "m2"]):
+        (root / name / "veil.json").write_text('{"kind": "onnx"}')
+        write_spec(root, name, PaveVector("model", IDENT, vec(i)))
+    write_spec(root, "m0", PaveVector("model", IDENT, vec(9)), adapter="a1")
+    (root / "broken" / "pave.json").write_text('{"format": "veil-pave-spec"}')
+    return root
+
+
+@pytest.fixture(scope="module")
+def client(repo: Path):
+    config = ServerConfig(repo=str(repo), log_level="warning", intra_op_threads=1)
+    with TestClient(create_app(config)) as c:
+        yield c
+
+
+def models() -> dict[str, PaveVector]:
+    return {"m0": PaveVector("model", IDENT, vec(0)), "m1": PaveVector("model", IDENT, vec(1)),
+            "m2": PaveVector("model", IDENT, vec(2)), "m0:a1": PaveVector("model", IDENT, vec(9))}
+
+
+def user(seed: int = 1, ident: dict | None = None) -> PaveVector:
+    return PaveVector("user", ident or IDENT, vec(seed) + 0.5 * vec(100 + seed))
+
+
+def test_plaintext_ranking_matches_cosine_and_reports_settings(client: TestClient) -> None:
+    u = user()
+    r = client.post("/v2/recommend", json={"spec": u.to_dict()})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    expected = rank_models(u, models())
+    assert [x["model"] for x in body["ranking"]] == [n for n, _ in expected] and body["ranking"][0]["model"] == "m1"
+    assert np.allclose([x["score"] for x in body["ranking"]], [s for _, s in expected], atol=1e-6)
+    assert body["spec"] == u.settings() and body["models"] == 4 and body["skipped"] == ["broken"]
+    top = client.post("/v2/recommend", json={"spec": u.to_dict(), "top_k": 2}).json()["ranking"]
+    assert [x["model"] for x in top] == [n for n, _ in expected[:2]]
+
+
+def test_spec_is_listed_in_model_metadata(client: TestClient) -> None:
+    meta = client.get("/v2/models/m0").json()["parameters"]["veil"]
+    assert meta["pave_spec"]["file"] == "pave.json" and meta["pave_spec"]["dim"] == DIM
+    assert meta["pave_specs"]["a1"]["file"] == "pave/a1.json"
+    assert meta["pave_spec"]["identity_hash"] == PaveVector("model", IDENT, vec(0)).identity_hash
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    (b"not json", 400, "expected a JSON object, received invalid JSON"),
+    (b"[1]", 400, "expected a JSON object, received list"),
+    (b'{"spec": {}, "extra": 1}', 400, "received unknown ['extra']"),
+    (b"{}", 400, "spec: expected a user PAVE spec"),
+    (b'{"spec": {}, "top_k": 0}', 400, "top_k: expected an int >= 1, received 0"),
+    (b'{"spec": {"format": "x"}}', 400, "spec: expected exactly the fields"),
+])
+def test_bad_bodies_get_400_naming_the_field(client: TestClient, body: bytes, status: int, needle: str) -> None:
+    r = client.post("/v2/recommend", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status and needle in r.json()["error"], r.text
+
+
+def test_other_base_wrong_kind_dim_and_content_type_are_refused(client: TestClient) -> None:
+    other = user(ident=dict(IDENT, base_sha256="b" * 64))
+    r = client.post("/v2/recommend", json={"spec": other.to_dict()})
+    assert r.status_code == 400 and "identity.base_sha256: expected 'aaaa" in r.json()["error"]
+    assert "different bases" in r.json()["error"]
+    r = client.post("/v2/recommend", json={"spec": PaveVector("model", IDENT, vec(1)).to_dict()})
+    assert r.status_code == 400 and "spec.kind: expected 'user', received 'model'" in r.json()["error"]
+    short = PaveVector("user", IDENT, np.ones(DIM - 1))
+    r = client.post("/v2/recommend", json={"spec": short.to_dict()})
+    assert r.status_code == 400 and f"spec.dim: expected {DIM}" in r.json()["error"]
+    r = client.post("/v2/recommend", content=b"x", headers={"Content-Type": "text/plain"})
+    assert r.status_code == 400 and "Content-Type: expected application/json" in r.json()["error"]
+    tampered = dict(user().to_dict(), identity_hash="0" * 64)
+    r = client.post("/v2/recommend", json={"spec": tampered})
+    assert r.status_code == 400 and "spec.identity_hash: expected" in r.json()["error"]
+
+
+def test_request_size_is_bounded(client: TestClient) -> None:
+    big = b'{"spec": "' + b"x" * (9 * 2**20) + b'"}'
+    r = client.post("/v2/recommend", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "POST /v2/recommend's request limit" in r.json()["error"]
+    assert client.get("/v2/health/live").status_code == 200  # and keeps serving
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                     max_leaves=12)
+_SPEC = user().to_dict()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(
+    st.binary(max_size=200),
+    _JSON.map(lambda v: json.dumps(v).encode()),
+    st.dictionaries(st.sampled_from(sorted(_SPEC)), _JSON, max_size=8).map(
+        lambda d: json.dumps({"spec": {**_SPEC, **d}}).encode()),
+    st.tuples(st.sampled_from(sorted(_SPEC)), _JSON).map(lambda kv: json.dumps({"spec": {**_SPEC, kv[0]: kv[1]}}).encode()),
+))
+def test_fuzz_body_parser_refuses_with_malformed_request_only(body: bytes) -> None:
+    """Any body: a (spec, top_k) or MalformedRequest (400) — never another exception (a 500)."""
+    try:
+        spec, top_k = parse_request(body)
+    except MalformedRequest as exc:
+        assert str(exc)
+    else:
+        assert spec.kind == "user" and spec.dim >= 1 and (top_k is None or top_k >= 1)
+
+
+def test_private_round_trip_equals_plaintext_ranking(client: TestClient) -> None:
+    """The server gets evaluation keys and ciphertexts only, returns one ciphertext; the decrypted ranking is the
+    plaintext one (scores within 1e-4)."""
+    u = user(2)
+    c = PrivateRecommendClient(u)
+    query = c.query()
+    assert u.vector.astype("<f4").tobytes() not in query
+    r = client.post("/v2/recommend", content=query, headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 200, r.text[:300]
+    ranking = c.ranking(r.content)
+    plain = rank_models(u, models())
+    assert [n for n, _ in ranking] == [n for n, _ in plain]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(sorted(ranking), sorted(plain), strict=True)) < 1e-4
+    r = client.post("/v2/recommend", content=query[:-10] + b"0" * 10, headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 400 and "sha256" in r.json()["error"]
+    other = PrivateRecommendClient(user(2, dict(IDENT, rank=3)), c.keyring).query()
+    r = client.post("/v2/recommend", content=other, headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 400 and "identity.rank: expected 2" in r.json()["error"]
+    assert json.loads(client.get("/v2/models/m1").content)["name"] == "m1"

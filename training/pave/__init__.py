@@ -1,0 +1,24 @@
+"""veil.training.pave: PAVE parameter-vector specifications of models and of users' few-shot data.
+
+A model's capability is the low-rank change of a shared base that refits the model's own predictions; a user's
+task is the same change fitted on their labelled examples; the closest vector (cosine) is the model to reuse.
+The file format, the comparison rules and the private (CKKS) matching are torch-free, in
+:mod:`veil.he.recommend_spec` and :mod:`veil.he.recommend`. See docs/recommend.md.
+
+Example:
+    >>> from veil.training.pave import PaveConfig, SpecBase, model_spec, user_spec, rank_models
+    >>> base = SpecBase.bundled(PaveConfig())
+    >>> user = user_spec(base, ["the meal was great.", "the show was awful."], [1, 0])
+"""
+
+from __future__ import annotations
+
+from veil.he.recommend_spec import PaveVector, SpecFormatError, SpecMismatch, check_comparable, rank_models
+
+from .base import SpecBase, projection, weights_sha256
+from .config import PaveConfig
+from .fit import classifier_predictor, fit_vector, model_spec, user_spec
+
+__all__ = ["PaveConfig", "PaveVector", "SpecBase", "SpecFormatError", "SpecMismatch", "check_comparable",
+           "classifier_predictor", "fit_vector", "model_spec", "projection", "rank_models", "user_spec",
+           "weights_sha256"]
