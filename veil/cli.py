@@ -41,6 +41,8 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
               "veil codec encode photo.png -o photo.vc --model runs/codec --target-bpp 0.02"),
     "sample": ("PriorGuide posterior sampling with a prior chosen at sampling time", {"": "veil.posterior.cli"},
                "veil sample models/gl5 --x 0.1 0.2 --prior '{\"family\": \"gaussian\", \"mean\": [0, 0], \"std\": 0.3}'"),
+    "recommend": ("which served model fits my few labelled examples (PAVE specs; --private: CKKS-encrypted)",
+                  {"": "veil.training.pave.cli"}, "veil recommend --repo models --data few_shots.jsonl --private"),
     "cluster": ("k-clustering from a noisy quadruplet oracle (\"is d(a,b) <= d(c,d)?\")",
                 {"": "veil.algorithms.cluster.cli"}, "veil cluster --data items.jsonl --k 5 --oracle noisy --phi 0.15"),
     "games": ("Nash equilibria: regret matching (RM+ .. MI-SPRM+), CFR on OpenSpiel games",
@@ -51,7 +53,7 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
 # group -> the extra that installs what it imports (`veil[client]`, the base install, runs only `veil he`)
 EXTRAS = {"train": "train", "finetune": "train", "compress": "train", "export": "export", "serve": "serve",
           "codec": "codec", "sample": "train", "he": "client", "demo": "all",
-          "cluster": "train", "games": "games"}
+          "cluster": "train", "games": "games", "recommend": "train"}
 
 USAGE = f"""usage: veil <group> <verb> [options]      (veil <group> --help lists the verbs)
 
