@@ -45,6 +45,8 @@ def test_export_writes_one_matmul_that_matches_and_is_served(checkpoint, tmp_pat
     repo = tmp_path / "models"
     assert main(["export", "forecast", str(checkpoint), "--repo", str(repo), "--name", "toy"]) == 0
     summary = json.loads(capsys.readouterr().out)
+    assert main(["export", "forecast", str(checkpoint), "--repo", str(repo), "--he", "throughput"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "toy-rrr-he"
     assert summary["collapse"]["max_abs_diff"] < 1e-10 * summary["collapse"]["max_abs_output"]
     graph = onnx.load(str(repo / "toy" / "1" / "model.onnx"))
     assert [n.op_type for n in graph.graph.node] == ["Reshape", "MatMul", "Add", "Reshape"]
@@ -62,6 +64,9 @@ def test_export_writes_one_matmul_that_matches_and_is_served(checkpoint, tmp_pat
         bad = client.post("/v2/models/toy/infer", json={"inputs": [{**body["inputs"][0], "shape": [3, 5, 1],
                                                                     "data": x[:, :5].ravel().tolist()}]})
         assert bad.status_code == 400
+        he = client.get("/v2/models/toy-rrr-he").json()  # the same server serves the encrypted forecaster
+        assert he["parameters"]["he"]["mode"] == "throughput" and he["parameters"]["he"]["levels"] == 1, he
+        assert he["parameters"]["veil"]["task"] == "forecast"
 
 
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
