@@ -61,6 +61,13 @@ def test_finetune_lora_minilm(tmp_path) -> None:
     assert (tmp_path / "lora" / "adapter_model.safetensors").is_file()
 
 
+def test_forecast(tmp_path) -> None:
+    out = run("forecast.py", "--series", "elnino", "--lookback", "24", "--horizon", "6", "--workdir", str(tmp_path))
+    assert "rrr" in out and "exported" in out and "encrypted forecast (N=8192, 1 level)" in out
+    assert float(out.rsplit("max |enc - plain| ", 1)[1]) < 1e-3
+    assert (tmp_path / "models" / "elnino" / "1" / "model.onnx").is_file()
+
+
 def test_every_example_is_tested() -> None:
     tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py", "serve_and_query.py", "export_polycnn.py",
               "export_minilm.py", "encrypted_inference.py", "finetune_lora_minilm.py",
@@ -69,5 +76,5 @@ def test_every_example_is_tested() -> None:
               # tests/codec/test_examples.py, tests/posterior/test_example.py
               "train_tiny_lm.py", "optim_lora_minilm.py", "grpo_toy.py", "compress_tiny_lm.py",
               "compress_moe_heapr.py", "safety_realign_tiny.py", "codec_progressive.py",
-              "priorguide_gaussian_linear.py"}
+              "priorguide_gaussian_linear.py", "forecast.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
