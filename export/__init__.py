@@ -7,12 +7,32 @@
 Every export is validated against PyTorch at shapes other than the example and fails loudly.
 """
 
-from .encoder import export_sentence_encoder
-from .onnx_export import ExportedGraph, export_graph
-from .repository import TensorSpec, write_model
-from .swap import ExportError
-from .uldnet import export_uldnet
-from .validate import ExportValidationError, validate_export
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from veil.config import lazy_exports
+
+if TYPE_CHECKING:
+    from .encoder import export_sentence_encoder
+    from .onnx_export import ExportedGraph, export_graph
+    from .repository import TensorSpec, write_model
+    from .swap import ExportError
+    from .uldnet import export_uldnet
+    from .validate import ExportValidationError, validate_export
+
+# public name -> the submodule that defines it, imported on first use (a CLI's --help never imports torch)
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "export_sentence_encoder": ".encoder",
+    "ExportedGraph": ".onnx_export",
+    "export_graph": ".onnx_export",
+    "TensorSpec": ".repository",
+    "write_model": ".repository",
+    "ExportError": ".swap",
+    "export_uldnet": ".uldnet",
+    "ExportValidationError": ".validate",
+    "validate_export": ".validate",
+})
 
 __all__ = ["ExportError", "ExportValidationError", "ExportedGraph", "TensorSpec", "export_graph",
            "export_sentence_encoder", "export_uldnet", "validate_export", "write_model"]

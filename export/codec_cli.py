@@ -45,9 +45,9 @@ def train_main(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # before torch and onnx: --help and usage errors stay instant
     from .codec import export_codec
 
-    args = build_parser().parse_args(argv)
     manifest = export_codec(args.checkpoint, args.repo, args.name, args.version)
     print(json.dumps({k: manifest[k] for k in ("name", "version", "kind", "model_hash", "scales", "bits", "validation")},
                      indent=1))

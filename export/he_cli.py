@@ -39,9 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # before torch and onnx: --help and usage errors stay instant
     from .he import export_he
 
-    args = build_parser().parse_args(argv)
     if args.max_poly_modulus_degree and not args.refresh:
         print("veil export he: --max-poly-modulus-degree expected only with --refresh", file=sys.stderr)
         return 2

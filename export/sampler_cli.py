@@ -31,9 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # before torch and onnx: --help and usage errors stay instant
     from .sampler import export_sampler
 
-    args = build_parser().parse_args(argv)
     manifest = export_sampler(args.checkpoint, args.repo, args.name, args.version, SamplerSettings.from_args(args))
     print(json.dumps({k: manifest[k] for k in ("name", "version", "dim", "x_dim", "train_prior_hash")}
                      | {"validation": manifest["export"]["validation"]}, indent=1))

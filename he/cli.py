@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
-        print(f"usage: veil he {{{','.join(VERBS)}}} [options]   (veil he VERB --help)\n\n{__doc__}\n{EXAMPLE}")
+        summary = "\n\n".join(__doc__.split("\n\n")[:2])  # the docstring's examples are EXAMPLE: print them once
+        print(f"usage: veil he {{{','.join(VERBS)}}} [options]   (veil he VERB --help)\n\n{summary}\n\n{EXAMPLE}")
         return 0
     if not argv or argv[0] not in VERBS:
         print(f"veil he: expected a verb {list(VERBS)}, received {argv[:1]}\n\n{EXAMPLE}", file=sys.stderr)

@@ -23,6 +23,7 @@ import re
 import secrets
 import shutil
 import socket
+import sys
 import time
 import types
 import typing
@@ -190,6 +191,34 @@ def flag_dest(prefix: str, name: str) -> str:
     (PsoftConfig.psoft_mag_a -> ``--psoft-mag-a``, not ``--psoft-psoft-mag-a``)."""
     stem = prefix.replace("-", "_")
     return name if stem and name.startswith(stem) else stem + name
+
+
+# -- lazy packages ------------------------------------------------------------------------------------------
+def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Any, Any]:
+    """PEP 562 ``__getattr__`` and ``__dir__`` for a package whose public names load on first use.
+
+    A room's ``__init__`` that imported every submodule made each CLI's ``--help`` import torch (issue 24:
+    1.4-2.4 s); with this, ``import veil.training.uldnet.config`` stays as light as that module. ``exports`` maps
+    a public name to the submodule defining it (``{"train_uldnet": ".trainer"}``; a name that is the submodule
+    itself, ``{"lora": ".lora"}``, gives the module).
+
+    Example:
+        >>> __getattr__, __dir__ = lazy_exports(__name__, {"PolyNorm": ".polynorm"})
+    """
+    module = sys.modules[package]
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        loaded = importlib.import_module(exports[name], package)
+        value = loaded if exports[name].rpartition(".")[2] == name else getattr(loaded, name)
+        setattr(module, name, value)  # later lookups skip __getattr__
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(module.__dict__) | set(exports))
+
+    return __getattr__, __dir__
 
 
 # -- registries ----------------------------------------------------------------------------------------------

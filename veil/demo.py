@@ -144,6 +144,7 @@ def _train_or_reuse(path: Path, model_config, train_config, data, retrain: bool,
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # before torch: --help and usage errors stay instant
     from veil.training.uldnet import (
         ModelConfig,
         TrainConfig,
@@ -154,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     from veil.training.uldnet.config import DIGITS_PRESETS
     from veil.training.uldnet.trainer import accuracy
 
-    args = build_parser().parse_args(argv)
     data = load_digits_preset()
     preset = DIGITS_PRESETS["cnn"]
     train_config = TrainConfig(seed=args.seed, **{**preset["train"], **({"epochs": args.epochs} if args.epochs else {})})

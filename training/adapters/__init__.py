@@ -9,22 +9,35 @@ Example:
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
-from . import e2lora, lora, psoft
-from .config import AdapterConfig
-from .e2lora import E2LoraConfig
-from .lora import LoraConfig
-from .loramixer import LoraMixerConfig  # noqa: F401  (registers the loramixer method)
-from .model import AdapterModel
-from .mtlora import MtLoraConfig  # noqa: F401  (registers the mtlora method)
-from .psoft import PsoftConfig
-from .registry import METHODS, AdapterMethod, get_method, register_method
-from .vapt import VaptConfig  # noqa: F401  (registers the vapt method)
+from veil.config import lazy_exports
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from . import e2lora, lora, psoft
+    from .config import AdapterConfig
+    from .e2lora import E2LoraConfig
+    from .lora import LoraConfig
+    from .model import AdapterModel
+    from .psoft import PsoftConfig
+    from .registry import METHODS, AdapterMethod, register_method
+
+# public name -> the submodule that defines it, imported on first use (`veil finetune --help` never imports torch);
+# a method package registers itself when first imported, or when the registry is first asked for it
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "e2lora": ".e2lora", "lora": ".lora", "psoft": ".psoft", "AdapterConfig": ".config", "E2LoraConfig": ".e2lora",
+    "LoraConfig": ".lora", "LoraMixerConfig": ".loramixer", "MtLoraConfig": ".mtlora", "VaptConfig": ".vapt",
+    "AdapterModel": ".model", "PsoftConfig": ".psoft", "METHODS": ".registry", "AdapterMethod": ".registry",
+    "get_method": ".registry", "register_method": ".registry",
+})
 
 
 def inject(model: nn.Module, config: AdapterConfig) -> AdapterModel:
     """Wrap ``model`` (in place) with ``config``'s adapters; the base is frozen, adapters and saved modules train."""
+    from .registry import get_method
+
     return get_method(config.method).model_cls(model, config)
 
 

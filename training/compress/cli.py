@@ -16,15 +16,15 @@ import copy
 import json
 import sys
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from veil.config import ConfigError
 
-from .api import EvalFn, compress
-from .calibration import Calibration
-from .recipe import load_recipe
+if TYPE_CHECKING:  # torch loads in the command that runs, never for --help or a usage error
+    from torch import nn
+
+    from .api import EvalFn
+    from .calibration import Calibration
 
 BUNDLED_TEXT = "bundled:pydoc_topics"
 
@@ -77,6 +77,8 @@ def lm_workload(source: str, args: argparse.Namespace) -> tuple[nn.Module, Calib
     from veil.training.lm import evaluate, load_lm, load_pydoc_topics, load_text_file
     from veil.training.lm.data import eval_blocks
 
+    from .calibration import Calibration
+
     model, _ = load_lm(source)
     if args.calibration == BUNDLED_TEXT:
         corpus = load_pydoc_topics()
@@ -99,6 +101,7 @@ def lm_workload(source: str, args: argparse.Namespace) -> tuple[nn.Module, Calib
 
 def encoder_workload(source: str, args: argparse.Namespace) -> tuple[nn.Module, Calibration, Calibration, EvalFn]:
     """A sentence encoder: even sentences calibrate, odd ones measure the embedding cosine to the original."""
+    from .calibration import Calibration
     from .workloads import embedding_cosine, minilm, minilm_sentences
 
     model, tokenizer = minilm(source)
@@ -122,6 +125,9 @@ def encoder_workload(source: str, args: argparse.Namespace) -> tuple[nn.Module, 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from .api import compress
+    from .recipe import load_recipe
+
     _positive(args)
     recipe = load_recipe(args.recipe)  # refuse a bad recipe before loading anything heavy
     workload = lm_workload if _is_lm_checkpoint(args.model) else encoder_workload

@@ -14,9 +14,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import PRESETS, LMModelConfig, LMTrainConfig
-from .data import Corpus, load_pydoc_topics, load_text_file
+
+if TYPE_CHECKING:
+    from .data import Corpus
 
 EXAMPLE = """example:
   veil train lm --optimizer alice --lr 0.02 --out runs/lm-alice
@@ -56,13 +59,15 @@ def configs_from_args(args: argparse.Namespace) -> tuple[LMModelConfig, LMTrainC
 
 
 def load_corpus(args: argparse.Namespace, held_out: float) -> Corpus:
+    from .data import load_pydoc_topics, load_text_file
+
     return load_text_file(args.text, held_out) if args.text is not None else load_pydoc_topics(held_out)
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # before torch: --help and usage errors stay instant
     from .trainer import save_lm, train_lm
 
-    args = build_parser().parse_args(argv)
     model_config, train_config = configs_from_args(args)
     corpus = load_corpus(args, train_config.held_out)
     out = args.out or Path("runs") / f"lm-{train_config.optimizer}"

@@ -3,14 +3,48 @@
 Public names: PolyNorm, PolyAct, LinearAttention, the model families, multiplicative_depth and the trainer.
 """
 
-from .attention import LinearAttention, MultiHeadAttention, SoftmaxAttention
-from .config import ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
-from .data import Splits, load_digits_preset, load_image_folder, load_npz
-from .depth import DepthReport, multiplicative_depth
-from .models import PolyCNN, PolyMLP, PolyViT, build_model
-from .polyact import PolyAct
-from .polynorm import PolyNorm
-from .trainer import TrainResult, load_uldnet, save_uldnet, train_uldnet
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from veil.config import lazy_exports
+
+if TYPE_CHECKING:
+    from .attention import LinearAttention, MultiHeadAttention, SoftmaxAttention
+    from .config import ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
+    from .data import Splits, load_digits_preset, load_image_folder, load_npz
+    from .depth import DepthReport, multiplicative_depth
+    from .models import PolyCNN, PolyMLP, PolyViT, build_model
+    from .polyact import PolyAct
+    from .polynorm import PolyNorm
+    from .trainer import TrainResult, load_uldnet, save_uldnet, train_uldnet
+
+# public name -> the submodule that defines it, imported on first use (a CLI's --help never imports torch)
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "LinearAttention": ".attention",
+    "MultiHeadAttention": ".attention",
+    "SoftmaxAttention": ".attention",
+    "ModelConfig": ".config",
+    "PolyActConfig": ".config",
+    "PolyNormConfig": ".config",
+    "TrainConfig": ".config",
+    "Splits": ".data",
+    "load_digits_preset": ".data",
+    "load_image_folder": ".data",
+    "load_npz": ".data",
+    "DepthReport": ".depth",
+    "multiplicative_depth": ".depth",
+    "PolyCNN": ".models",
+    "PolyMLP": ".models",
+    "PolyViT": ".models",
+    "build_model": ".models",
+    "PolyAct": ".polyact",
+    "PolyNorm": ".polynorm",
+    "TrainResult": ".trainer",
+    "load_uldnet": ".trainer",
+    "save_uldnet": ".trainer",
+    "train_uldnet": ".trainer",
+})
 
 __all__ = [
     "DepthReport", "LinearAttention", "ModelConfig", "MultiHeadAttention", "PolyAct", "PolyActConfig", "PolyCNN", "PolyMLP", "PolyNorm",

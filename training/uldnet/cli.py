@@ -84,9 +84,9 @@ def configs_from_args(args: argparse.Namespace, data: Splits) -> tuple[ModelConf
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # before torch: --help and usage errors stay instant
     from .trainer import save_uldnet, train_uldnet
 
-    args = build_parser().parse_args(argv)
     data = load_data(args)
     model_config, train_config = configs_from_args(args, data)
     out = args.out or Path("runs") / f"uldnet-{model_config.arch}{'-baseline' if model_config.baseline else ''}"
