@@ -76,5 +76,5 @@ def test_every_example_is_tested() -> None:
               # tests/codec/test_examples.py, tests/posterior/test_example.py
               "train_tiny_lm.py", "optim_lora_minilm.py", "grpo_toy.py", "compress_tiny_lm.py",
               "compress_moe_heapr.py", "safety_realign_tiny.py", "codec_progressive.py",
-              "priorguide_gaussian_linear.py", "forecast.py"}
+              "priorguide_gaussian_linear.py", "forecast.py", "recommend.py"}  # recommend: tests/training/pave
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
