@@ -73,7 +73,8 @@ def test_every_example_is_tested() -> None:
               "export_minilm.py", "encrypted_inference.py", "finetune_lora_minilm.py",
               # tested beside their rooms: tests/training/{lm,optim,rl}/test_example.py,
               # tests/training/compress/test_example_svd.py and compress/{heapr,safety}/test_example.py,
-              # tests/codec/test_examples.py, tests/posterior/test_example.py
+              # tests/codec/test_examples.py, tests/posterior/test_example.py, tests/algorithms/test_examples.py
+              "cluster.py", "games.py",
               "train_tiny_lm.py", "optim_lora_minilm.py", "grpo_toy.py", "compress_tiny_lm.py",
               "compress_moe_heapr.py", "safety_realign_tiny.py", "codec_progressive.py",
               "priorguide_gaussian_linear.py", "forecast.py", "recommend.py"}  # recommend: tests/training/pave

@@ -90,7 +90,7 @@ class _EmbeddingServer(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def server_url():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _EmbeddingServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
