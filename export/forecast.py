@@ -8,8 +8,10 @@ is ``Reshape -> MatMul -> Add -> Reshape``: x (B, L, C) float32 -> y (B, H, C).
     export_forecast_he(ckpt, repo, name, mode="throughput")  <repo>/<name>/1/plan.json: one plaintext-matrix
                                                             product, depth 1 (exact; no polynomial approximation)
 
-A forecaster that is not affine (RevIN with a bias or a learned affine: it divides by the window's std) is
-refused with NotAffineError: normalise on the client, or fit with ``instance_norm="mean"`` (docs/forecast.md).
+A forecaster that is not affine (RevIN with a bias, a learned affine or a mixed W: the window's std no longer
+cancels) is exported for plaintext serving as the un-collapsed graph (ReduceMean, Sqrt, Div: torch ->
+ONNX), and refused for HE with NotAffineError: normalise on the client, or fit with ``instance_norm="mean"``
+(docs/forecast.md).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from typing import Any
 
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto, helper, numpy_helper
+from torch import nn
 from veil.training.checkpoint import checkpoint_hash
-from veil.training.forecast import LinearForecaster, load_forecaster
+from veil.training.forecast import LinearForecaster, NotAffineError, load_forecaster
 
 from .functions import DEFAULT_OPSET
-from .onnx_export import package_versions
+from .onnx_export import export_graph, package_versions
 from .repository import NAME_PATTERN, TensorSpec, model_folder, write_model
 from .swap import ExportError
 from .validate import TOLERANCES, ExportValidationError, cpu_session
@@ -55,6 +59,40 @@ def affine_graph(a: np.ndarray, c: np.ndarray, lookback: int, horizon: int, chan
     model.ir_version = 9
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+class RawForecaster(nn.Module):
+    """The un-collapsed forecaster in torch (float32): standardiser, instance norm, RevIN affine, W, b, and back.
+
+    Only for plaintext export of a forecaster that is not one affine map; the rest export :func:`affine_graph`.
+    """
+
+    def __init__(self, forecaster: LinearForecaster) -> None:
+        super().__init__()
+        self.config = forecaster.config
+        for name, value in forecaster.to_state().items():
+            self.register_buffer(name, torch.from_numpy(np.asarray(value, np.float32)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, C) -> (B, H, C)
+        z = (x - self.mean) / self.std
+        m = z.mean(dim=1, keepdim=True)  # (B, 1, C)
+        s = torch.sqrt(((z - m) ** 2).mean(dim=1, keepdim=True) + self.config.revin_eps) \
+            if self.config.instance_norm == "revin" else torch.ones_like(m)
+        if self.config.instance_norm == "none":
+            m = torch.zeros_like(m)
+        z = (z - m) / s
+        if self.config.revin_affine:
+            z = z * self.gamma + self.beta
+        batch, lookback, channels = z.shape
+        if self.config.channels == "shared":
+            y = (z.permute(0, 2, 1) @ self.weight[0] + self.bias[0]).permute(0, 2, 1)  # (B, H, C)
+        elif self.config.channels == "individual":
+            y = torch.einsum("blc,clh->bhc", z, self.weight) + self.bias.T
+        else:
+            y = (z.reshape(batch, lookback * channels) @ self.weight[0] + self.bias[0]).reshape(batch, -1, channels)
+        if self.config.revin_affine:
+            y = (y - self.beta) / self.gamma
+        return (y * s + m) * self.std + self.mean
 
 
 def collapse(forecaster: LinearForecaster) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
@@ -105,14 +143,19 @@ def export_forecast(checkpoint: str | Path, repo: str | Path, name: str | None =
     """Collapse, export, validate and publish the plaintext forecaster; returns veil.json's content."""
     forecaster, config = _load(checkpoint)
     name = name or Path(checkpoint).name
-    a, c, collapse_report = collapse(forecaster)
     model = forecaster.config
-    graph = affine_graph(a, c, model.lookback, model.horizon, forecaster.n_channels)
+    try:
+        a, c, collapse_report = collapse(forecaster)
+        graph = affine_graph(a, c, model.lookback, model.horizon, forecaster.n_channels)
+        info = {"graph": "Reshape -> MatMul -> Add -> Reshape", "opset": DEFAULT_OPSET, "versions": package_versions()}
+    except NotAffineError as exc:  # plaintext only: the normalisation stays in the graph
+        collapse_report = {"affine": False, "why": str(exc)}
+        example = torch.from_numpy(np.zeros((2, model.lookback, forecaster.n_channels), np.float32))
+        exported = export_graph(RawForecaster(forecaster).eval(), (example,), ["x"], ["y"], {"x": {0: "batch"}})
+        graph, info = exported.model, exported.info | {"graph": "un-collapsed (instance norm in the graph)"}
     report = validate_graph(graph, forecaster)
     manifest = {"kind": "forecast", **_describe(forecaster, config, checkpoint), "collapse": collapse_report,
-                "validation": report, "precision": "fp32",
-                "export": {"graph": "Reshape -> MatMul -> Add -> Reshape", "opset": DEFAULT_OPSET,
-                           "versions": package_versions()}}
+                "validation": report, "precision": "fp32", "export": info}
     spec_in = TensorSpec("x", "float32", [-1, model.lookback, forecaster.n_channels])
     spec_out = TensorSpec("y", "float32", [-1, model.horizon, forecaster.n_channels])
     write_model(repo, name, version, graph, [spec_in], [spec_out], manifest, max_batch_size=max_batch_size)

@@ -88,14 +88,19 @@ def test_encrypted_forecast_matches_plaintext(checkpoint, tmp_path, mode: str) -
     assert np.abs(y - forecaster.predict_raw(x)).max() < 1e-3
 
 
-def test_a_forecaster_that_is_not_affine_is_refused(tmp_path, capsys) -> None:
-    out = tmp_path / "revin-bias"
-    model = ForecastModelConfig(lookback=LOOKBACK, horizon=HORIZON, instance_norm="revin", bias=True)
-    save_forecaster(train_forecaster(series(2), model, ForecastFitConfig(fit="ols")), out)
-    with pytest.raises(NotAffineError, match="normalise on the client"):
-        from veil.export.forecast import export_forecast
+def test_a_forecaster_that_is_not_affine_exports_plaintext_only(tmp_path, capsys) -> None:
+    from veil.export.forecast import export_forecast, export_forecast_he
 
-        export_forecast(out, tmp_path / "models")
+    out = tmp_path / "revin-bias"
+    model = ForecastModelConfig(lookback=LOOKBACK, horizon=HORIZON, instance_norm="revin", bias=True,
+                                channels="individual")
+    save_forecaster(train_forecaster(series(2), model, ForecastFitConfig(fit="ols")), out)
+    manifest = export_forecast(out, tmp_path / "models", "plain")  # the normalisation stays in the graph, validated
+    assert manifest["collapse"]["affine"] is False and manifest["validation"]["cases"][1]["batch"] == 5
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "models" / "plain" / "1" / "model.onnx")).graph.node}
+    assert "Sqrt" in ops
+    with pytest.raises(NotAffineError, match="normalise on the client"):
+        export_forecast_he(out, tmp_path / "models", "enc")
     assert main(["export", "forecast", str(out), "--repo", str(tmp_path / "m"), "--he", "latency"]) == 2
     assert "is not affine in its input" in capsys.readouterr().err
     assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())
