@@ -156,3 +156,14 @@ def test_private_round_trip_equals_plaintext_ranking(client: TestClient) -> None
     r = client.post("/v2/recommend", content=other, headers={"Content-Type": "application/octet-stream"})
     assert r.status_code == 400 and "identity.rank: expected 2" in r.json()["error"]
     assert json.loads(client.get("/v2/models/m1").content)["name"] == "m1"
+
+
+def test_private_client_needs_no_torch() -> None:
+    """veil.he.recommend (the client side of private matching) imports no torch, onnx or safetensors."""
+    import subprocess
+    import sys
+
+    code = ("import sys, veil.he.recommend; print(sorted(m for m in ('torch', 'onnx', 'safetensors', 'transformers') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr

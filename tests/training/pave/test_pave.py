@@ -151,3 +151,23 @@ def test_recommend_entry_point_reads_the_repository(tmp_path, tiny, base: SpecBa
     (tmp_path / "repo" / "good" / "pave.json").write_text("{}")
     with pytest.raises(SpecFormatError, match=r"good/pave.json: expected exactly the fields"):
         recommend(tmp_path / "repo", ts, rule(ts), base=str(tmp_path / "base"))
+
+
+def test_export_spec_settings_and_writer_refusals(tmp_path) -> None:
+    from veil.export.spec import spec_settings, write_spec
+
+    cfg, probe = spec_settings('{"rank": 4, "probe_size": 16}')
+    assert cfg.rank == 4 and probe == 16 and spec_settings("") == (PaveConfig(), 128)
+    with pytest.raises(ConfigError, match=r"--spec.probe_size: expected an int >= 1, received 0"):
+        spec_settings('{"probe_size": 0}')
+    with pytest.raises(ConfigError, match=r"--spec: expected a JSON object, received list"):
+        spec_settings("[1]")
+    ident = {"base": "b", "base_sha256": "0" * 64, "projection_seed": 1, "rank": 2}
+    with pytest.raises(FileNotFoundError, match="expected an exported model"):
+        write_spec(tmp_path, "absent", PaveVector("model", ident, np.ones(3)))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "veil.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"spec\.kind: expected 'model', received 'user'"):
+        write_spec(tmp_path, "m", PaveVector("user", ident, np.ones(3)))
+    entry = write_spec(tmp_path, "m", PaveVector("model", ident, np.ones(3)), adapter="a")
+    assert entry["file"] == "pave/a.json" and json.loads((tmp_path / "m" / "veil.json").read_text())["pave_specs"]["a"] == entry
