@@ -162,19 +162,28 @@ def export_forecast(checkpoint: str | Path, repo: str | Path, name: str | None =
     return {"name": name, "version": version, **manifest}
 
 
-def compile_forecast(forecaster: LinearForecaster, mode: str = "latency", precision_bits: int = 20) -> Any:
-    """The HE plan of the collapsed forecaster (``veil.he.compile`` on the same ONNX graph)."""
+def compile_forecast(forecaster: LinearForecaster, mode: str = "latency", precision_bits: int = 20,
+                     client_normalisation: bool = False) -> Any:
+    """The HE plan of the collapsed forecaster (``veil.he.compile`` on the same ONNX graph).
+
+    With ``client_normalisation`` the plan is only the normalised-space map (:meth:`LinearForecaster.core_affine`):
+    the client standardises and instance-normalises its window (``forecaster.normalise``) before encrypting and
+    undoes it after decrypting (``forecaster.denormalise``), so any configuration, RevIN included, runs encrypted.
+    """
     from veil.he.compile import compile as he_compile
 
-    a, c, _ = collapse(forecaster)
+    a, c = forecaster.core_affine() if client_normalisation else collapse(forecaster)[:2]
     model = forecaster.config
     return he_compile(affine_graph(a, c, model.lookback, model.horizon, forecaster.n_channels), mode=mode,
                       precision_bits=precision_bits)
 
 
 def export_forecast_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "latency", version: int = 1,
-                       precision_bits: int = 20) -> dict[str, Any]:
-    """Compile the forecaster to an HE plan and publish it as a ``veil_he`` model (served encrypted)."""
+                       precision_bits: int = 20, client_normalisation: bool = False) -> dict[str, Any]:
+    """Compile the forecaster to an HE plan and publish it as a ``veil_he`` model (served encrypted).
+
+    ``client_normalisation``: see :func:`compile_forecast`; veil.json records it under ``input``.
+    """
     from veil.he.params import describe
 
     from .he_params import parameter_choice
@@ -182,7 +191,7 @@ def export_forecast_he(checkpoint: str | Path, repo: str | Path, name: str, mode
     if not NAME_PATTERN.match(name):
         raise ExportError(f"--name: expected letters, digits, '_', '.', '-', received {name!r}")
     forecaster, config = _load(checkpoint)
-    plan = compile_forecast(forecaster, mode, precision_bits)
+    plan = compile_forecast(forecaster, mode, precision_bits, client_normalisation)
     params = plan.parameters()
     manifest = {"format": 1, "name": name, "version": version, "kind": "he-plan", "mode": mode, "task": "forecast",
                 **_describe(forecaster, config, checkpoint),
@@ -190,7 +199,10 @@ def export_forecast_he(checkpoint: str | Path, repo: str | Path, name: str, mode
                 "parameters": params.to_dict(), "params_hash": params.hash(), "plan_hash": plan.hash(),
                 "galois_steps": plan.galois_steps, "describe": describe(params, plan.galois_steps),
                 "parameter_choice": parameter_choice(plan), "batch_capacity": plan.spec["batch_capacity"],
-                "rounds": 1, "cuts": []}
+                "rounds": 1, "cuts": [],
+                "input": ("client-normalised: z = (x - mean) / std per channel (train split), then the window's "
+                          "instance norm; the client undoes both on the decrypted forecast" if client_normalisation
+                          else "raw windows (normalisation folded into the plan)")}
     with model_folder(repo, name, version) as (folder, version_folder):
         plan.save(version_folder)
         (folder / "veil.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))

@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="compile to an encrypted-inference plan: latency (series packed in slot blocks) or "
                              "throughput (one ciphertext per lag, up to N/2 series per call)")
     parser.add_argument("--precision-bits", type=int, default=20, help="--he: fractional bits wanted after a multiply")
+    parser.add_argument("--client-norm", action="store_true",
+                        help="--he: the client standardises and instance-normalises its windows before encrypting "
+                             "(needed for RevIN with a bias, a learned affine or a mixed W)")
     return parser
 
 
@@ -38,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         from .forecast import export_forecast_he
 
         name = args.name or f"{args.checkpoint.name}-he"
-        manifest = export_forecast_he(args.checkpoint, args.repo, name, args.he, args.version, args.precision_bits)
+        manifest = export_forecast_he(args.checkpoint, args.repo, name, args.he, args.version, args.precision_bits,
+                                      args.client_norm)
         print(json.dumps({k: manifest[k] for k in ("name", "mode", "levels", "parameters", "batch_capacity", "plan_hash")}
                          | {"parameter_choice": manifest["parameter_choice"]["why"]}, indent=1))
         return 0

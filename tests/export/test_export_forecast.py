@@ -69,23 +69,28 @@ def test_export_writes_one_matmul_that_matches_and_is_served(checkpoint, tmp_pat
         assert he["parameters"]["veil"]["task"] == "forecast"
 
 
-@pytest.mark.parametrize("mode", ["latency", "throughput"])
-def test_encrypted_forecast_matches_plaintext(checkpoint, tmp_path, mode: str) -> None:
-    from veil.export.forecast import export_forecast_he
+def encrypted_run(model_folder, x: np.ndarray) -> np.ndarray:
+    """Client encrypts x, the published plan evaluates, the client decrypts."""
     from veil.he.evaluate import PlanEvaluator
     from veil.he.keys import SecretKeyring
     from veil.he.plan import Plan
 
+    plan = Plan.load(model_folder / "1")
+    ring = SecretKeyring.generate(plan.parameters(), plan.galois_steps)
+    out = PlanEvaluator(plan, plan.parameters()).run(ring.encrypt(plan.encode_inputs(x)), ring.evaluation_keys())
+    return plan.decode_outputs(ring.decrypt(out), len(x))
+
+
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_encrypted_forecast_matches_plaintext(checkpoint, tmp_path, mode: str) -> None:
+    from veil.export.forecast import export_forecast_he
+
     manifest = export_forecast_he(checkpoint, tmp_path / "models", "toy-he", mode)
     assert manifest["levels"] == 1 and manifest["parameters"]["poly_modulus_degree"] == 8192
     assert (tmp_path / "models" / "toy-he" / "config.pbtxt").read_text().count('backend: "veil_he"') == 1
-    plan = Plan.load(tmp_path / "models" / "toy-he" / "1")
     forecaster, _ = load_forecaster(checkpoint)
     x = 5 + np.random.default_rng(2).normal(size=(6, LOOKBACK, 1))  # six series in one call
-    ring = SecretKeyring.generate(plan.parameters(), plan.galois_steps)
-    out = PlanEvaluator(plan, plan.parameters()).run(ring.encrypt(plan.encode_inputs(x)), ring.evaluation_keys())
-    y = plan.decode_outputs(ring.decrypt(out), len(x))
-    assert np.abs(y - forecaster.predict_raw(x)).max() < 1e-3
+    assert np.abs(encrypted_run(tmp_path / "models" / "toy-he", x) - forecaster.predict_raw(x)).max() < 1e-3
 
 
 def test_a_forecaster_that_is_not_affine_exports_plaintext_only(tmp_path, capsys) -> None:
@@ -101,6 +106,13 @@ def test_a_forecaster_that_is_not_affine_exports_plaintext_only(tmp_path, capsys
     assert "Sqrt" in ops
     with pytest.raises(NotAffineError, match="normalise on the client"):
         export_forecast_he(out, tmp_path / "models", "enc")
+    manifest = export_forecast_he(out, tmp_path / "models", "enc", "throughput", client_normalisation=True)
+    assert manifest["input"].startswith("client-normalised")
+    forecaster, _ = load_forecaster(out)
+    x = 5 + np.random.default_rng(3).normal(size=(3, LOOKBACK, 2))
+    z, stats = forecaster.normalise(x)  # the client's side, in the clear on the client only
+    assert np.abs(encrypted_run(tmp_path / "models" / "enc", z) - forecaster.core(z)).max() < 1e-3
+    np.testing.assert_allclose(forecaster.denormalise(forecaster.core(z), stats), forecaster.predict_raw(x), atol=1e-10)
     assert main(["export", "forecast", str(out), "--repo", str(tmp_path / "m"), "--he", "latency"]) == 2
     assert "is not affine in its input" in capsys.readouterr().err
     assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())

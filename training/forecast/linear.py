@@ -145,6 +145,32 @@ class LinearForecaster:
                     f"(max deviation {np.abs(got - want).max():.3g})")
         return a, c
 
+    def core(self, z: np.ndarray) -> np.ndarray:
+        """The server's part under client-side normalisation: instance-normalised windows z (B, L, C) ->
+        normalised forecasts (B, H, C) (RevIN affine, W and b; affine in z for every configuration)."""
+        if self.gamma is not None:
+            z = z * self.gamma + self.beta
+        out = to_groups(z, self.config.channels) @ self.weight + self.bias[:, None, :]
+        y = from_groups(out, len(z), self.config.horizon, self.n_channels, self.config.channels)
+        return (y - self.beta) / self.gamma if self.gamma is not None else y
+
+    def normalise(self, x: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """Client side: raw windows -> (instance-normalised windows, the window statistics to undo it with)."""
+        z = (self._check(x) - self.mean) / self.std
+        mean, scale = instance_stats(z, self.config)
+        return (z - mean) / scale, (mean, scale)
+
+    def denormalise(self, y: np.ndarray, stats: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Client side: normalised forecasts and the window statistics -> forecasts on the raw scale."""
+        return (y * stats[1] + stats[0]) * self.std + self.mean
+
+    def core_affine(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`core` as z.flat @ A + c (what the HE export compiles with client-side normalisation)."""
+        features = self.config.lookback * self.n_channels
+        c = self.core(np.zeros((1, self.config.lookback, self.n_channels))).reshape(-1)
+        basis = np.eye(features).reshape(features, self.config.lookback, self.n_channels)
+        return self.core(basis).reshape(features, -1) - c, c
+
     def singular_values(self) -> list[np.ndarray]:
         """Singular values of each group's W (descending)."""
         return [np.linalg.svd(w, compute_uv=False) for w in self.weight]
