@@ -23,17 +23,13 @@ import numpy as np
 import onnxruntime as ort
 
 from .batcher import Scheduler
-from .errors import MalformedRequest, ModelLoadFailed, ModelNotFound
+from .errors import AdapterNotFound, MalformedRequest, ModelLoadFailed
 from .metrics import CounterFamily, Metrics, ModelMetrics
 from .repository import BatchingConfig
 from .runtime import Session
 
 SUFFIX = ".onnx_adapter"
 DEFAULT_CACHE_SIZE = 8
-
-
-class AdapterNotFound(ModelNotFound):
-    """The request names an adapter the model does not have (HTTP 404)."""
 
 
 def _families(metrics: Metrics) -> dict[str, CounterFamily]:

@@ -27,7 +27,7 @@ from veil.codec.runtime import CodecRuntime
 
 from .errors import (
     DatatypeMismatch,
-    InferenceFailed,
+    InvalidCodecInput,
     MissingInput,
     ModelLoadFailed,
     PayloadTooLarge,
@@ -43,12 +43,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("veil.engine")
 IMAGE, BITSTREAM = "image", "bitstream"
-
-
-class InvalidCodecInput(InferenceFailed):
-    """An image or bitstream the codec refuses: unsupported format, corrupt/foreign/truncated stream (HTTP 400)."""
-
-    status_code = 400
 
 
 def _refusal(exc: CodecError) -> Exception:

@@ -147,6 +147,37 @@ class ModelNotReady(EngineError):
     status_code = 503
 
 
+class AdapterNotFound(ModelNotFound):
+    """The request names an adapter the model does not have (HTTP 404)."""
+
+
+class InvalidCodecInput(InferenceFailed):
+    """An image or bitstream the codec refuses: unsupported format, corrupt/foreign/truncated stream, or a bad
+    coding parameter (HTTP 400)."""
+
+    status_code = 400
+
+
+class InvalidSamplerRequest(InferenceFailed):
+    """A prior spec, sampling setting or observation the sampler refuses (HTTP 400)."""
+
+    status_code = 400
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status of an error, the one mapping of the engine's failures to a protocol status.
+
+    :class:`EngineError` subclasses carry theirs (``status_code``), veil.he's refusals theirs (``HEError``:
+    ``http_status``); anything else is a server fault (500). The HTTP handlers answer with it and the gRPC server
+    derives its codes from it, so a new error class needs one status, in its docstring and its attribute.
+    """
+    if isinstance(exc, EngineError):
+        return exc.status_code
+    from veil.he.errors import HEError  # lazily: veil.he loads TenSEAL
+
+    return exc.http_status if isinstance(exc, HEError) else 500
+
+
 def error_response(status_code: int, message: str) -> Response:
     """The OIP error body ``{"error": message}``."""
     return Response(orjson.dumps({"error": message}), status_code=status_code, media_type="application/json")
@@ -173,8 +204,8 @@ def grpc_code(exc: BaseException) -> tuple[str, str]:
 
 
 async def _engine_error(_: Request, exc: EngineError) -> Response:
-    response = error_response(exc.status_code, str(exc))
-    if exc.status_code in (408, 413):  # the rest of the body was never read: the connection cannot be reused
+    response = error_response(http_status(exc), str(exc))
+    if response.status_code in (408, 413):  # the rest of the body was never read: the connection cannot be reused
         response.headers["connection"] = "close"
     return response
 
@@ -220,7 +251,7 @@ class CatchAll:
 
 async def _he_error(_: Request, exc: Exception) -> Response:
     """veil.he refusals (bad envelope, unknown or expired key, secret key uploaded...) carry their status."""
-    return error_response(getattr(exc, "http_status", 400), str(exc))
+    return error_response(http_status(exc), str(exc))
 
 
 def add_exception_handlers(app: FastAPI) -> None:

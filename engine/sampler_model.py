@@ -39,7 +39,7 @@ from veil.config import ConfigError
 
 from .errors import (
     DatatypeMismatch,
-    InferenceFailed,
+    InvalidSamplerRequest,
     MissingInput,
     ModelLoadFailed,
     ShapeMismatch,
@@ -73,12 +73,6 @@ def _one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-class InvalidSamplerRequest(InferenceFailed):
-    """A prior spec, sampling setting or observation the sampler refuses (HTTP 400)."""
-
-    status_code = 400
 
 
 class SamplerModel:
