@@ -217,9 +217,9 @@ def serve(config: ServerConfig) -> None:
         ServeError: the port is busy or the host cannot be bound.
     """
     sock = bind(config.host, config.port)
-    if config.grpc_port:  # probe it too, so a busy gRPC port also fails before any model loads
-        bind(config.host, config.grpc_port).close()
     try:
+        if config.grpc_port:  # probe it too, so a busy gRPC port also fails before any model loads
+            bind(config.host, config.grpc_port).close()
         build_server(config).run(sockets=[sock])
     finally:
         sock.close()

@@ -205,3 +205,29 @@ def test_committed_descriptor_matches_the_proto() -> None:
     from veil.engine.proto import generate
 
     assert generate.main(["--check"]) == 0
+
+
+def test_busy_grpc_port_fails_before_loading_models(tmp_path, monkeypatch, capsys) -> None:
+    """`veil serve --grpc-port P` with P taken: one line at once, before any model loads (as for --port)."""
+    import socket
+
+    from veil.engine import cli
+    from veil.engine.dataplane import DataPlane
+    from veil.engine.toy import affine_model, write_repository
+
+    write_repository(tmp_path, {"m": affine_model()})
+    loads: list[int] = []
+    monkeypatch.setattr(DataPlane, "load_all", lambda self, *a, **k: loads.append(1))
+    busy, free = socket.socket(), socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    free.bind(("127.0.0.1", 0))
+    http_port, grpc_port = free.getsockname()[1], busy.getsockname()[1]
+    free.close()
+    try:
+        assert cli.main(["--repo", str(tmp_path), "--port", str(http_port), "--grpc-port", str(grpc_port),
+                         "--log-level", "warning"]) == 1
+    finally:
+        busy.close()
+    err = capsys.readouterr().err.strip()
+    assert loads == [] and err.startswith(f"veil serve: cannot bind 127.0.0.1:{grpc_port}:")
