@@ -7,6 +7,7 @@ A thin wrapper: it runs ``open_spiel.python.algorithms.cfr`` on a named game and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import InputError
@@ -29,8 +30,10 @@ class CfrRun:
                 "exploitability": self.exploitability}
 
 
-def solve_extensive(game: str, algorithm: str = "cfr+", iterations: int = 1000, per_decade: int = 4) -> CfrRun:
-    """Run OpenSpiel's CFR (``"cfr"``) or CFR+ (``"cfr+"``) on ``game`` (an OpenSpiel name, e.g. ``kuhn_poker``)."""
+def solve_extensive(game: str, algorithm: str = "cfr+", iterations: int = 1000, per_decade: int = 4,
+                    record: Sequence[int] | None = None) -> CfrRun:
+    """Run OpenSpiel's CFR (``"cfr"``) or CFR+ (``"cfr+"``) on ``game`` (an OpenSpiel name, e.g. ``kuhn_poker``);
+    the exploitability is recorded at ``record`` (default: ``per_decade`` log-spaced points per decade) and T."""
     if algorithm not in CFR_ALGORITHMS:
         raise InputError("algorithm", f"one of {list(CFR_ALGORITHMS)}", algorithm)
     import pyspiel
@@ -41,7 +44,7 @@ def solve_extensive(game: str, algorithm: str = "cfr+", iterations: int = 1000, 
     except pyspiel.SpielError as exc:
         raise InputError("game", "an OpenSpiel game name such as 'kuhn_poker'", game) from exc
     solver = (cfr.CFRPlusSolver if algorithm == "cfr+" else cfr.CFRSolver)(loaded)
-    marks = set(checkpoints(iterations, per_decade))
+    marks = set(checkpoints(iterations, per_decade) if record is None else record) | {iterations}
     run = CfrRun(game, algorithm)
     for t in range(1, iterations + 1):
         solver.evaluate_and_update_policy()

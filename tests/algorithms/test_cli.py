@@ -29,6 +29,17 @@ def test_veil_cluster_writes_a_summary_and_per_item_assignments(tmp_path, blobs,
     assert [r["id"] for r in rows] == [f"p{i}" for i in range(150)] and {r["cluster"] for r in rows} <= {0, 1, 2}
 
 
+def test_veil_cluster_through_a_model_oracle(tmp_path, blobs, server_url, capsys) -> None:
+    data = tmp_path / "pts.jsonl"
+    data.write_text("".join(json.dumps({"x": x}) + "\n" for x in blobs[:90].tolist()))
+    argv = ["cluster", "--data", str(data), "--k", "3", "--oracle", "model", "--server", server_url, "--model", "emb"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["oracle"] == "model" and summary["n"] == 90 and summary["queries"] > 0
+    assert main([*argv[:-1], "missing"]) == 2
+    assert "HTTP 404" in capsys.readouterr().err
+
+
 def test_veil_cluster_refuses_texts_without_the_model_oracle(tmp_path, capsys) -> None:
     data = tmp_path / "t.jsonl"
     data.write_text('{"text": "a"}\n{"text": "b"}\n')

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import numpy as np
 import pytest
 from veil.algorithms.cluster import CountingOracle, ExactOracle, ModelOracle, PersistentNoisyOracle, le
@@ -61,39 +57,6 @@ def test_counting_oracle_counts_distinct_questions_and_answers_repeats_from_its_
 def test_edges_out_of_range_are_refused_by_name(blobs) -> None:
     with pytest.raises(InputError, match=r"^e2: expected item indices in \[0, 300\)"):
         ExactOracle(blobs).le_many(np.array([[0, 1]]), np.array([[0, 300]]))
-
-
-class _EmbeddingServer(BaseHTTPRequestHandler):
-    """A stand-in OIP v2 model: ``/v2/models/emb/infer`` echoes its FP32 input ``x`` as ``embedding``."""
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.path != "/v2/models/emb/infer":
-            self._reply(404, {"error": f"model {self.path} not found"})
-            return
-        (tensor,) = body["inputs"]
-        self._reply(200, {"model_name": "emb", "outputs": [{"name": "embedding", "datatype": "FP32",
-                                                             "shape": tensor["shape"], "data": tensor["data"]}]})
-
-    def _reply(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def server_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _EmbeddingServer)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
 
 
 def test_model_oracle_asks_the_server_once_per_item_and_compares_its_embeddings(server_url, blobs) -> None:
