@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             truth = ExactOracle(items.points, args.metric)
         oracle = CountingOracle(PersistentNoisyOracle(truth, args.phi, args.noise_seed) if args.oracle == "noisy"
                                 else truth)
-        coreset = rank_model_coreset(oracle, args.k, config)
+        coreset = rank_model_coreset(oracle, args.k, config, progress=lambda i, left: print(
+            f"round {i}: {left} points left, {oracle.queries:,} queries so far", file=sys.stderr))
         final = reduce_to_k(coreset, truth.distances, min(args.k, coreset.centers.size), seed=config.seed)
         labels = compose_labels(coreset, truth.distances, final)
     except (AlgorithmsError, ConfigError, FileNotFoundError) as exc:

@@ -84,13 +84,15 @@ class Coreset:
         return np.array([np.count_nonzero(self.mapping == c) for c in self.centers])
 
 
-def rank_model_coreset(oracle: QuadrupletOracle, k: int, config: CoresetConfig | None = None) -> Coreset:
+def rank_model_coreset(oracle: QuadrupletOracle, k: int, config: CoresetConfig | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> Coreset:
     """Centres and a mapping whose k-clustering cost is within a constant of the optimum (w.h.p., per the paper).
 
     Args:
         oracle: answers "is d(a, b) <= d(c, d)?" over items 0..n-1; wrap it in :class:`CountingOracle` to count.
         k: the number of clusters the coreset is for.
         config: the constants (:class:`CoresetConfig`).
+        progress: called as ``progress(round, points_left)`` at the start of every round.
 
     Returns:
         The :class:`Coreset` (``queries`` filled in when ``oracle`` is a :class:`CountingOracle`).
@@ -121,6 +123,8 @@ def rank_model_coreset(oracle: QuadrupletOracle, k: int, config: CoresetConfig |
     rounds = 0
     while remaining.size:
         rounds += 1
+        if progress is not None:
+            progress(rounds, int(remaining.size))
         if remaining.size <= n_sample:  # the last few points open centres of their own
             mapping[remaining] = remaining
             centers.append(remaining)

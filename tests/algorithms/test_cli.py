@@ -23,7 +23,9 @@ def test_veil_cluster_writes_a_summary_and_per_item_assignments(tmp_path, blobs,
     out = tmp_path / "labels.jsonl"
     argv = ["cluster", "--data", str(data), "--k", "3", "--oracle", "noisy", "--phi", "0.1", "--out", str(out)]
     assert main(argv) == 0
-    summary = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert captured.err.startswith("round 1: 150 points left, 0 queries so far\n")  # progress on stderr
     assert summary["n"] == 150 and summary["queries"] > 0 and sum(summary["cluster_sizes"]) == 150
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == [f"p{i}" for i in range(150)] and {r["cluster"] for r in rows} <= {0, 1, 2}
