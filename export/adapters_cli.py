@@ -20,6 +20,8 @@ import json
 import sys
 from pathlib import Path
 
+from .cli_args import repository_arguments
+
 EXAMPLE = """example:
   veil export adapters bundled:all-MiniLM-L6-v2 --adapter tenant1=runs/lora1 --adapter tenant2=runs/lora2 \\
       --repo models --name minilm --merged
@@ -36,14 +38,12 @@ def adapter_arg(text: str) -> tuple[str, Path]:
 
 def build_parser(prog: str = "veil export adapters") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[repository_arguments()])
     parser.add_argument("base", help="base encoder: bundled:all-MiniLM-L6-v2 or a transformers folder")
     parser.add_argument("--adapter", type=adapter_arg, action="append", required=True, metavar="ID=FOLDER",
                         help="a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) or a `veil "
                              "finetune` LoRA run (its head becomes the `logits` output); repeatable")
-    parser.add_argument("--repo", type=Path, required=True, help="model repository folder (created if missing)")
-    parser.add_argument("--name", required=True, help="model name in the repository")
-    parser.add_argument("--version", type=int, default=1, help="version folder to write (default: 1)")
     parser.add_argument("--merged", action="store_true", help="also write one merged model <name>-<id> per adapter")
     parser.add_argument("--max-batch-size", type=int, default=32, help="config.pbtxt max_batch_size (default 32)")
     parser.add_argument("--cache-size", type=int, default=8, help="adapters kept loaded by the server (LRU, default 8)")

@@ -1,7 +1,9 @@
 """`veil export onnx`: a trained model -> validated ONNX in a Triton-layout model repository.
 
 SOURCE is a veil checkpoint folder (`veil train uldnet --out ...`), a Hugging Face encoder folder, or
-`bundled:all-MiniLM-L6-v2` (exported as a sentence-embedding model with mean pooling).
+`bundled:all-MiniLM-L6-v2` (exported as a sentence-embedding model with mean pooling). A checkpoint is dispatched
+on the kind its config.json records; a kind another verb exports (codec, sampler, forecast, a finetune run) is
+refused with that verb's command, an unknown kind with the list of known ones.
 
 Examples:
     veil export onnx runs/polycnn --repo models --name digits
@@ -16,6 +18,13 @@ import json
 import sys
 from pathlib import Path
 
+from .cli_args import repository_arguments
+
+# checkpoint kind (config.json "kind") -> what exports it: "onnx" here, or the verb that does
+ONNX_KINDS = ("uldnet", "huggingface-encoder")
+OTHER_VERBS = {"codec": "veil export codec", "priorguide-sampler": "veil export sampler",
+               "forecast": "veil export forecast", "finetune": "veil export finetuned"}
+
 EXAMPLE = """example:
   veil export onnx runs/polycnn --repo models --name digits
   veil export onnx bundled:all-MiniLM-L6-v2 --repo models --name minilm --quantize int8
@@ -24,11 +33,9 @@ EXAMPLE = """example:
 
 def build_parser(prog: str = "veil export onnx") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[repository_arguments("from the source")])
     parser.add_argument("source", help="checkpoint folder, Hugging Face encoder folder, or bundled:all-MiniLM-L6-v2")
-    parser.add_argument("--repo", type=Path, required=True, help="model repository folder (created if missing)")
-    parser.add_argument("--name", default=None, help="model name in the repository (default: from the source)")
-    parser.add_argument("--version", type=int, default=1, help="version folder to write (default: 1)")
     parser.add_argument("--quantize", choices=["int8"], default=None,
                         help="int8: static QDQ with calibration for CNN/MLP checkpoints, dynamic for encoders")
     parser.add_argument("--calibration", type=Path, default=None,
@@ -37,11 +44,47 @@ def build_parser(prog: str = "veil export onnx") -> argparse.ArgumentParser:
     return parser
 
 
+def source_kind(source: str) -> str:
+    """The kind of SOURCE, one of :data:`ONNX_KINDS`; anything else is refused with the fix.
+
+    Raises:
+        FileNotFoundError: SOURCE is not a folder (a mistyped path).
+        ValueError: a folder without a config.json, a kind another verb exports (naming it), or an unknown kind
+            (listing the known ones).
+    """
+    if source.startswith("bundled:"):
+        return "huggingface-encoder"  # resolve_encoder names the bundled models if this one is not
+    path = Path(source)
+    known = sorted([*ONNX_KINDS, *OTHER_VERBS])
+    if not path.is_dir():
+        raise FileNotFoundError(f"source {source!r}: not found; expected a checkpoint folder, a Hugging Face "
+                                "encoder folder or bundled:all-MiniLM-L6-v2")
+    if (path / "adapter_config.json").is_file():
+        kind = "finetune"
+    elif (path / "config.json").is_file():
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"source {source!r}: config.json is not JSON ({exc.msg})") from None
+        kind = config.get("kind") if isinstance(config, dict) else None
+        if kind is None and isinstance(config, dict) and "model_type" in config:
+            kind = "huggingface-encoder"  # a transformers config records its model_type, not a veil kind
+    else:
+        raise ValueError(f"source {source!r}: expected a folder with config.json (its recorded kind: one of "
+                         f"{known}), found none")
+    if kind in OTHER_VERBS:
+        raise ValueError(f"source {source!r}: a {kind!r} checkpoint is exported by `{OTHER_VERBS[kind]} {source} "
+                         "--repo REPO --name NAME`, not by `veil export onnx`")
+    if kind not in ONNX_KINDS:
+        raise ValueError(f"source {source!r}: config.json kind: expected one of {known}, received {kind!r}")
+    return kind
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     source = Path(args.source)
     batch = {} if args.max_batch_size is None else {"max_batch_size": args.max_batch_size}
-    if (source / "config.json").is_file() and json.loads((source / "config.json").read_text()).get("kind") == "uldnet":
+    if source_kind(args.source) == "uldnet":
         from .uldnet import export_uldnet
 
         manifest = export_uldnet(source, args.repo, args.name, args.version, args.quantize, args.calibration, **batch)

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cli_args import repository_arguments
+
 EXAMPLE = """example:
   veil export codec runs/codec --repo models --name codec
 """
@@ -20,11 +22,9 @@ EXAMPLE = """example:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="veil export codec", description=__doc__.splitlines()[0], epilog=EXAMPLE,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[repository_arguments()])
     parser.add_argument("checkpoint", type=Path, help="a `veil train codec` checkpoint folder")
-    parser.add_argument("--repo", type=Path, required=True, help="model repository folder (created if missing)")
-    parser.add_argument("--name", required=True, help="model name in the repository")
-    parser.add_argument("--version", type=int, default=1, help="version folder (default 1)")
     return parser
 
 

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from .cli_args import repository_arguments
+
 EXAMPLE = """example:
   veil finetune --method mtlora --task sentiment --out runs/mtlora-sentiment
   veil export finetuned runs/mtlora-sentiment --repo models --name sentiment
@@ -20,11 +22,9 @@ EXAMPLE = """example:
 
 def build_parser(prog: str = "veil export finetuned") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[repository_arguments()])
     parser.add_argument("run", type=Path, help="a `veil finetune --out` folder")
-    parser.add_argument("--repo", type=Path, required=True, help="model repository folder (created if missing)")
-    parser.add_argument("--name", required=True, help="model name in the repository")
-    parser.add_argument("--version", type=int, default=1, help="version folder to write (default: 1)")
     parser.add_argument("--base", default=None,
                         help="text base model (bundled:all-MiniLM-L6-v2 or a transformers folder); default: the "
                              "checkpoint's base_model_name_or_path")

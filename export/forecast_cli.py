@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from .cli_args import repository_arguments
+
 EXAMPLE = """example:
   veil export forecast runs/co2-rrr --repo models --name co2
   veil export forecast runs/co2-rrr --repo models --name co2-he --he latency
@@ -20,11 +22,9 @@ EXAMPLE = """example:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="veil export forecast", description=__doc__.splitlines()[0], epilog=EXAMPLE,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[repository_arguments("the checkpoint folder's name")])
     parser.add_argument("checkpoint", type=Path, help="a `veil train forecast` checkpoint folder")
-    parser.add_argument("--repo", type=Path, required=True, help="model repository folder (created if missing)")
-    parser.add_argument("--name", default=None, help="model name (default: the checkpoint folder's name)")
-    parser.add_argument("--version", type=int, default=1, help="version folder (default 1)")
     parser.add_argument("--he", choices=["latency", "throughput"], default=None,
                         help="compile to an encrypted-inference plan: latency (series packed in slot blocks) or "
                              "throughput (one ciphertext per lag, up to N/2 series per call)")

@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from .cli_args import repository_arguments
+
 EXAMPLE = """example:
   veil export he runs/polymlp --repo models --name digits-he --mode latency
   veil export he runs/polycnn --repo models --name digits-cnn-he --refresh   # deep: client-refresh rounds
@@ -20,13 +22,11 @@ EXAMPLE = """example:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="veil export he", description=__doc__.splitlines()[0], epilog=EXAMPLE,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[repository_arguments()])
     parser.add_argument("checkpoint", type=Path, help="a `veil train uldnet` checkpoint folder")
-    parser.add_argument("--repo", type=Path, required=True, help="model repository folder")
-    parser.add_argument("--name", required=True, help="model name in the repository")
     parser.add_argument("--mode", choices=["latency", "throughput"], default="latency",
                         help="latency: one image per ciphertext; throughput: up to N/2 images per call")
-    parser.add_argument("--version", type=int, default=1, help="version folder (default 1)")
     parser.add_argument("--precision-bits", type=int, default=20, help="fractional bits wanted after a multiply")
     parser.add_argument("--rotation-keys", default="exact",
                         help="latency key manifest: exact (fastest), pow2 (fewest keys) or budget:K (default exact)")

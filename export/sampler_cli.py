@@ -14,6 +14,8 @@ from pathlib import Path
 
 from veil.posterior.sampler import SamplerSettings
 
+from .cli_args import repository_arguments
+
 EXAMPLE = """example:
   veil export sampler runs/sampler-gl5 --repo models --name gl5
 """
@@ -21,11 +23,9 @@ EXAMPLE = """example:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="veil export sampler", description=__doc__.splitlines()[0],
-                                     epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[repository_arguments()])
     parser.add_argument("checkpoint", type=Path, help="a `veil train sampler` checkpoint folder")
-    parser.add_argument("--repo", type=Path, required=True, help="model repository folder")
-    parser.add_argument("--name", required=True, help="model name in the repository")
-    parser.add_argument("--version", type=int, default=1, help="version folder (default 1)")
     SamplerSettings.add_arguments(parser)  # the served defaults a request can override
     return parser
 
