@@ -20,6 +20,7 @@ from pathlib import Path
 
 from veil.config import ConfigError, atomic_dir
 
+from .. import distributed
 from .finetune import (
     BUNDLED_MINILM,
     MINILM_HUB_ID,
@@ -96,8 +97,11 @@ def run(argv: list[str] | None = None) -> dict:
     model_name = args.model or (VIT_DIGITS if cfg.task == DIGITS_TASK else BUNDLED_MINILM)
     check_workload(parser, cfg, model_name)
     runner = run_digits if cfg.task == DIGITS_TASK else run_text
+    distributed.setup()  # under torchrun: DDP over --nproc_per_node processes (training/distributed.py)
     model, metrics, extra, cfg = runner(parser, args, cfg, model_name)  # cfg: with the workload's defaults
     out = args.out or Path("runs") / f"{cfg.method}-{cfg.task}"
+    if not distributed.is_main():  # one checkpoint per job: rank 0 writes it
+        return {"out": str(out), **metrics}
     with atomic_dir(out) as tmp:
         if cfg.method != "probe":
             save_adapter(tmp, model)
@@ -179,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics = run(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): the caller exits
         return exc.code if isinstance(exc.code, int) else 2
-    print(json.dumps(metrics, indent=2))
+    if distributed.is_main():
+        print(json.dumps(metrics, indent=2))
+    distributed.teardown()
     return 0
 
 

@@ -151,31 +151,38 @@ def train(model: nn.Module, tokenizer, task: Task, cfg: FinetuneConfig, progress
     The loss is cross-entropy plus ``model.aux_loss()`` when the model has one; both are logged per epoch.
     """
     from tqdm import tqdm
+    from veil.training import distributed
     from veil.training.optim import build_optimizer, optimizer_state_bytes
 
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
+    # DDP under torchrun (training/distributed.py), else the model itself; routed adapters (LoRA-Mixer) may
+    # leave experts unused in a step
+    net = distributed.wrap(model, find_unused_parameters=True)
     opt = build_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay, **cfg.optimizer_args)
     val = make_batches(tokenizer, task.val.texts, task.val.labels, cfg)
     steps = cfg.epochs * math.ceil(len(task.train.texts) / cfg.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / steps)  # linear decay to 0
     history, losses, start = [], [], time.perf_counter()
-    bar = tqdm(total=steps, desc=f"finetune {cfg.method} on {task.name}", disable=not progress, leave=False)
+    bar = tqdm(total=steps, desc=f"finetune {cfg.method} on {task.name}", disable=not progress or not distributed.is_main(), leave=False)
     for epoch in range(cfg.epochs):
         model.train()
         task_loss = aux_sum = 0.0
         batches = make_batches(tokenizer, task.train.texts, task.train.labels, cfg, shuffle_seed=cfg.seed + epoch)
         for b in batches:
-            loss = nn.functional.cross_entropy(model(b["input_ids"], b["attention_mask"]), b["labels"])
+            rows, local = distributed.batch_rows(len(b["labels"]))  # this rank's slice of the global batch
+            loss = nn.functional.cross_entropy(net(b["input_ids"][rows], b["attention_mask"][rows]), b["labels"][rows])
             aux = model.aux_loss() if hasattr(model, "aux_loss") else torch.zeros(())
             opt.zero_grad()
-            (loss + aux).backward()
+            ((loss + aux) * distributed.loss_scale(local, len(b["labels"]))).backward()
             opt.step()
             sched.step()
-            task_loss, aux_sum = task_loss + loss.item(), aux_sum + aux.item()
-            losses.append(loss.item())
+            step_loss = distributed.global_mean(loss.item(), local, len(b["labels"]))  # the global batch's
+            step_aux = distributed.global_mean(aux.item(), local, len(b["labels"]))
+            task_loss, aux_sum = task_loss + step_loss, aux_sum + step_aux
+            losses.append(step_loss)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{step_loss:.3f}")
         history.append({"epoch": epoch + 1, "loss": task_loss / len(batches), "aux_loss": aux_sum / len(batches),
                         "val_accuracy": accuracy(model, val)})
     bar.close()

@@ -158,25 +158,32 @@ def train_digits(model: nn.Module, cfg, lr: float, progress: bool = True) -> dic
     """Adapt to digits 5–9 (relabelled 0–4): AdamW, ``cfg.batch_size``, cross-entropy + ``aux_loss()``."""
     from tqdm import tqdm
 
+    from .. import distributed
     from .vapt.digits import accuracy, digit_split
 
     x, y, x_test, y_test = digit_split(low=False, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
+    # DDP under torchrun (training/distributed.py), else the model itself; routed adapters (LoRA-Mixer) may
+    # leave experts unused in a step
+    net = distributed.wrap(model, find_unused_parameters=True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     history, start = [], time.perf_counter()
-    bar = tqdm(total=cfg.epochs, desc=f"finetune {cfg.method} on {DIGITS_TASK}", disable=not progress, leave=False)
+    bar = tqdm(total=cfg.epochs, desc=f"finetune {cfg.method} on {DIGITS_TASK}",
+               disable=not progress or not distributed.is_main(), leave=False)
     for epoch in range(cfg.epochs):
         model.train()
         total = aux_sum = 0.0
         chunks = torch.randperm(len(y)).split(cfg.batch_size)
-        for idx in chunks:
-            loss = nn.functional.cross_entropy(vit_logits(model, {"pixel_values": x[idx]}), y[idx])
+        for idx in chunks:  # every rank drew the same permutation (same seed): each trains on its slice
+            rows, local = distributed.batch_rows(len(idx))
+            loss = nn.functional.cross_entropy(vit_logits(net, {"pixel_values": x[idx[rows]]}), y[idx[rows]])
             aux = model.aux_loss() if hasattr(model, "aux_loss") else torch.zeros(())
             opt.zero_grad()
-            (loss + aux).backward()
+            ((loss + aux) * distributed.loss_scale(local, len(idx))).backward()
             opt.step()
-            total, aux_sum = total + loss.item(), aux_sum + aux.item()
+            total = total + distributed.global_mean(loss.item(), local, len(idx))
+            aux_sum = aux_sum + distributed.global_mean(aux.item(), local, len(idx))
         history.append({"epoch": epoch + 1, "loss": total / len(chunks), "aux_loss": aux_sum / len(chunks)})
         bar.update(1)
     bar.close()

@@ -5,6 +5,7 @@ Examples:
     veil train uldnet --preset digits-he --arch cnn --out runs/polycnn-he   # fits leveled CKKS (8 levels)
     veil train uldnet --data my.npz --arch mlp --width 128 --depth 2 --epochs 30 --out runs/mlp
     veil train uldnet --image-folder photos/ --image-size 16 --arch cnn --compare-baseline
+    torchrun --nproc_per_node 2 $(which veil) train uldnet --preset digits --out runs/polycnn   # DDP, same result
 
 Results (metrics JSON) go to stdout; the progress bar goes to stderr.
 """
@@ -85,8 +86,10 @@ def configs_from_args(args: argparse.Namespace, data: Splits) -> tuple[ModelConf
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # before torch: --help and usage errors stay instant
+    from .. import distributed
     from .trainer import save_uldnet, train_uldnet
 
+    distributed.setup()  # under torchrun: DDP over --nproc_per_node processes (training/distributed.py)
     data = load_data(args)
     model_config, train_config = configs_from_args(args, data)
     out = args.out or Path("runs") / f"uldnet-{model_config.arch}{'-baseline' if model_config.baseline else ''}"
@@ -95,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_baseline and not model_config.baseline:
         baseline = train_uldnet(model_config.replace(baseline=True), train_config, data, progress=not args.no_progress)
         extra["baseline"] = {k: baseline.metrics[k] for k in ("test_accuracy", "val_accuracy", "train_seconds", "parameters")}
-    save_uldnet(result, out, data, extra)
-    print(json.dumps({"checkpoint": str(out), **result.metrics, **extra}, indent=2))
+    if distributed.is_main():  # one checkpoint and one report per job
+        save_uldnet(result, out, data, extra)
+        print(json.dumps({"checkpoint": str(out), **result.metrics, **extra}, indent=2))
+    distributed.teardown()
     return 0
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from .. import distributed
 from ..checkpoint import load_checkpoint, save_checkpoint
 from .config import ModelConfig, TrainConfig
 from .data import Splits
@@ -87,6 +88,7 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     model = build_model(model_config)
+    net = distributed.wrap(model)  # DDP under torchrun (training/distributed.py), else the model itself
     polynomial = not model_config.baseline
     x_train, y_train = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
     steps_per_epoch = math.ceil(len(x_train) / cfg.batch_size)
@@ -99,7 +101,7 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
     best_acc, best_state, best_epoch, history = -1.0, None, -1, []
     start = time.perf_counter()
     bar = tqdm(range(cfg.epochs), desc=f"train {model_config.arch}{' baseline' if not polynomial else ''}",
-               disable=not progress, leave=False)
+               disable=not progress or not distributed.is_main(), leave=False)
     for epoch in bar:
         warm = polynomial and epoch < cfg.warmup_epochs
         set_warmup(model, warm)
@@ -109,7 +111,8 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
         for i in range(0, len(order), cfg.batch_size):
             idx = order[i:i + cfg.batch_size]
             xb = random_shift(x_train[idx], generator) if augment else x_train[idx]
-            loss = F.cross_entropy(model(xb), y_train[idx], label_smoothing=cfg.label_smoothing)
+            part, local = distributed.batch_rows(len(idx))  # every rank drew the same global batch: its slice
+            loss = F.cross_entropy(net(xb[part]), y_train[idx][part], label_smoothing=cfg.label_smoothing)
             penalty = None if warm else variance_penalty(model, cfg.lambda1, cfg.lambda2)
             if penalty is not None:
                 loss = loss + penalty
@@ -117,13 +120,15 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
                 raise FloatingPointError(f"training diverged at epoch {epoch}: loss {loss.item()}; lower --lr "
                                          f"(received {cfg.lr}) or raise --lambda2 (received {cfg.lambda2})")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss * distributed.loss_scale(local, len(idx))).backward()
             clear_variances(model)
             if cfg.grad_clip:
                 nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             scheduler.step()
-            loss_sum += loss.item() * len(idx)
+            distributed.sync_buffers(model, local, len(idx))
+            loss_sum += loss.item() * local
+        loss_sum = distributed.all_sum(loss_sum)
         val_acc = accuracy(model, data.x_val, data.y_val)
         history.append({"epoch": epoch, "train_loss": loss_sum / len(order), "val_accuracy": val_acc,
                         "phase": "warmup" if warm else "polynomial" if polynomial else "standard"})
@@ -146,6 +151,7 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
         "depth_max_per_operator": depth.max_op_levels,
         "polynomial": depth.polynomial,
         "torch_threads": torch.get_num_threads(),
+        "processes": distributed.world().size,  # data-parallel ranks (torchrun), each on its slice of a batch
     }
     return TrainResult(model, model_config, train_config, metrics, history)
 
