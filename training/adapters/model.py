@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .config import AdapterConfig
-from .layer import AdapterLayer
+from .layer import AdapterLayer, Conv1D
 from .targeting import SEQ_CLS_HEAD_NAMES, find_targets
 
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix (PeftModel.base_model.model.<module path>)
@@ -36,15 +36,17 @@ class AdapterModel(nn.Module):
         self.model = model
         self.config = with_seq_cls_head(model, config)
         model.requires_grad_(False)
-        for name in find_targets(model, self.config):
+        targets = find_targets(model, self.config)
+        self.config = with_layout(model, targets, self.config)
+        for name in targets:
             parent, attr = _parent(model, name)
             setattr(parent, attr, self.create_layer(getattr(parent, attr), name))
         self.saved_modules = find_modules_to_save(model, self.config)
         for module in self.saved_modules.values():
             module.requires_grad_(True)
 
-    def create_layer(self, base: nn.Linear, name: str) -> AdapterLayer:
-        """The adapter layer wrapping ``base`` (at module path ``name``)."""
+    def create_layer(self, base: nn.Module, name: str) -> AdapterLayer:
+        """The adapter layer wrapping ``base`` (an ``nn.Linear`` or GPT-2 ``Conv1D``, at module path ``name``)."""
         raise NotImplementedError
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -148,6 +150,12 @@ def with_seq_cls_head(model: nn.Module, config: AdapterConfig) -> AdapterConfig:
     saved = list(config.modules_to_save or [])
     heads = [n for n in SEQ_CLS_HEAD_NAMES if isinstance(getattr(model, n, None), nn.Module) and n not in saved]
     return config.replace(modules_to_save=saved + heads) if heads else config
+
+
+def with_layout(model: nn.Module, targets: list[str], config: AdapterConfig) -> AdapterConfig:
+    """``config`` with ``fan_in_fan_out`` True when a target is GPT-2's ``Conv1D`` (what PEFT reads to transpose)."""
+    conv1d = any(isinstance(model.get_submodule(n), Conv1D) for n in targets)
+    return config.replace(fan_in_fan_out=True) if conv1d and not config.fan_in_fan_out else config
 
 
 def find_modules_to_save(model: nn.Module, config: AdapterConfig) -> dict[str, nn.Module]:

@@ -2,7 +2,7 @@
 
 ``huggingface/peft:src/peft/tuners/tuners_utils.py`` (``check_target_module_exists``,
 ``_maybe_include_all_linear_layers``): a list entry matches a name exactly or as a ``.entry`` suffix, a string
-is a full-match regex, ``"all-linear"`` is every ``nn.Linear`` but the output head, ``exclude_modules`` wins, and
+is a full-match regex, ``"all-linear"`` is every ``nn.Linear`` (and GPT-2 ``Conv1D``) but the output head, ``exclude_modules`` wins, and
 modules inside ``modules_to_save`` are never targeted.
 """
 
@@ -13,6 +13,7 @@ import re
 from torch import nn
 
 from .config import ALL_LINEAR, AdapterConfig
+from .layer import LINEAR_TYPES
 
 SEQ_CLS_HEAD_NAMES = ("score", "classifier")  # PEFT's constant: heads all-linear leaves out for SEQ_CLS
 
@@ -40,7 +41,7 @@ def _output_heads(model: nn.Module, config: AdapterConfig) -> set[str]:
     return {name for name, module in model.named_modules() if module in heads}
 
 
-def find_targets(model: nn.Module, config: AdapterConfig, supported: tuple[type[nn.Module], ...] = (nn.Linear,)
+def find_targets(model: nn.Module, config: AdapterConfig, supported: tuple[type[nn.Module], ...] = LINEAR_TYPES
                  ) -> list[str]:
     """Names of the modules ``config`` targets in ``model`` (in ``named_modules`` order).
 
@@ -49,7 +50,7 @@ def find_targets(model: nn.Module, config: AdapterConfig, supported: tuple[type[
     """
     if config.target_modules == ALL_LINEAR:
         skip = _output_heads(model, config)
-        spec: list[str] | str = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in skip]
+        spec: list[str] | str = [n for n, m in model.named_modules() if isinstance(m, LINEAR_TYPES) and n not in skip]
     else:
         spec = config.target_modules  # type: ignore[assignment]
     names = []
@@ -59,6 +60,9 @@ def find_targets(model: nn.Module, config: AdapterConfig, supported: tuple[type[
         if config.exclude_modules and _matches(config.exclude_modules, name):
             continue
         if in_modules_to_save(config, name):
+            continue
+        exact = isinstance(config.target_modules, list) and name in config.target_modules
+        if not exact and not config.in_selected_layer(name):  # PEFT: an exact name ignores layers_to_transform
             continue
         if not isinstance(module, supported):
             raise ValueError(f"target_modules: {name!r} is a {type(module).__name__}; expected one of "

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..checkpoint import write_adapter
 from ..config import AdapterConfig
+from ..layer import linear_dims
 from ..lora import LoraConfig
 from ..model import PEFT_PREFIX, AdapterModel
 from .config import E2LoraConfig
@@ -38,14 +39,15 @@ class E2LoraModel(AdapterModel):
         template, _ = self.config.split_name(name)
         return template.format(self.config.interval_of(name)[0])
 
-    def create_layer(self, base: nn.Linear, name: str) -> E2LoraLinear:
+    def create_layer(self, base: nn.Module, name: str) -> E2LoraLinear:
         rank = self.config.interval_of(name)[2]
         key = self.owner(name)
+        d_in, d_out = linear_dims(base)
         if key not in self._pending:
-            self._pending[key] = SharedLora(base.in_features, base.out_features, rank, base.weight)
+            self._pending[key] = SharedLora(d_in, d_out, rank, base.weight)
         shared = self._pending[key]
-        if (shared.lora_A.in_features, shared.lora_B.out_features) != (base.in_features, base.out_features):
-            raise ValueError(f"E2LoraConfig.share_intervals: {name!r} is ({base.out_features}, {base.in_features}); "
+        if (shared.lora_A.in_features, shared.lora_B.out_features) != (d_in, d_out):
+            raise ValueError(f"E2LoraConfig.share_intervals: {name!r} is ({d_out}, {d_in}); "
                              f"expected the shape of its interval's first layer {key!r}")
         return E2LoraLinear(base, shared, self.config.lora_alpha / rank, self.config.lora_dropout)
 

@@ -91,7 +91,8 @@ def probe_gradients(model: nn.Module, config: E2LoraConfig, loss_fn: Callable[[n
         if unused:
             raise ValueError(f"target_modules: expected modules the loss depends on, received {unused} with no "
                              "gradient; add them to exclude_modules")
-        grads = {n: w.grad.detach().clone() * config.grad_scale for n, w in weights.items()}
+        grads = {n: _out_in(model.get_submodule(n), w.grad.detach().clone()) * config.grad_scale
+                 for n, w in weights.items()}
     finally:
         for p, flag in flags.items():
             p.requires_grad_(flag)
@@ -127,3 +128,10 @@ def plan_sharing(model: nn.Module, config: E2LoraConfig, loss_fn: Callable[[nn.M
     """``config`` with ``share_intervals`` computed from one gradient probe of ``loss_fn(model)`` (run once,
     before :func:`inject`; the plan fixes every shape, nothing changes during training)."""
     return config.replace(share_intervals=plan_from_gradients(probe_gradients(model, config, loss_fn), config))
+
+
+def _out_in(module: nn.Module, grad: torch.Tensor) -> torch.Tensor:
+    """A weight gradient in the (out, in) convention (GPT-2's ``Conv1D`` stores its weight as (in, out))."""
+    from ..layer import Conv1D
+
+    return grad.T if isinstance(module, Conv1D) else grad

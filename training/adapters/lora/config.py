@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -10,15 +11,14 @@ from veil.config import ConfigError, field
 from ..config import AdapterConfig
 
 # Fields PEFT 0.21 writes for a LoraConfig that veil does not model, at PEFT's defaults. A checkpoint whose value
-# differs for one of these changes the function (DoRA, rsLoRA, ...), so loading it is refused, not ignored.
+# differs for one of these changes the function (DoRA, LoRA bias, ...), so loading it is refused, not ignored.
 PEFT_LORA_DEFAULTS: dict[str, Any] = {
     "alora_invocation_tokens": None, "arrow_config": None, "corda_config": None, "ensure_weight_tying": False,
-    "eva_config": None, "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
-    "kasa_config": None, "layer_replication": None, "layers_pattern": None, "layers_to_transform": None,
-    "loftq_config": {}, "lora_bias": False, "lora_ga_config": None, "megatron_config": None,
+    "eva_config": None, "inference_mode": True, "init_lora_weights": True,
+    "kasa_config": None, "layer_replication": None, "loftq_config": {}, "lora_bias": False, "lora_ga_config": None, "megatron_config": None,
     "megatron_core": "megatron.core", "monteclora_config": None, "qalora_group_size": 16, "revision": None,
     "target_parameters": None, "trainable_token_indices": None, "use_bdlora": None, "use_dora": False,
-    "use_qalora": False, "use_rslora": False, "velora_config": None,
+    "use_qalora": False, "velora_config": None,
 }
 # Of those, the ones that do not change the adapted function (initialisation, bookkeeping, training-only).
 PEFT_LORA_HARMLESS = {"inference_mode", "init_lora_weights", "revision", "megatron_core", "qalora_group_size",
@@ -36,6 +36,7 @@ class LoraConfig(AdapterConfig):
     Args (besides :class:`AdapterConfig`'s):
         lora_alpha (float): scaling numerator; the update is scaled by ``lora_alpha / r``.
         lora_dropout (float): dropout on the input of A (training only).
+        use_rslora (bool): rank-stabilised LoRA (Kalajdzievski 2023): scale by ``lora_alpha / √r`` instead.
 
     Example:
         >>> cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["query", "value"], modules_to_save=["classifier"])
@@ -46,6 +47,7 @@ class LoraConfig(AdapterConfig):
 
     lora_alpha: float = field(8.0, "scaling numerator: the update is scaled by lora_alpha / r")
     lora_dropout: float = field(0.0, "dropout probability on the input of A")
+    use_rslora: bool = field(False, "rank-stabilised LoRA: scale by lora_alpha / sqrt(r) instead of lora_alpha / r")
 
     def validate(self) -> None:
         super().validate()
@@ -53,12 +55,14 @@ class LoraConfig(AdapterConfig):
             raise ConfigError(f"LoraConfig.lora_dropout: expected 0 <= p < 1, received {self.lora_dropout}")
 
     def scaling_for(self, module_name: str) -> float:
-        """``alpha / rank`` of ``module_name`` after ``alpha_pattern`` / ``rank_pattern`` (PEFT's rule)."""
+        """``alpha / rank`` (rsLoRA: ``alpha / √rank``) of ``module_name`` after ``alpha_pattern`` /
+        ``rank_pattern`` (PEFT's rule)."""
         from ..config import pattern_key
 
         key = pattern_key(self.alpha_pattern, module_name)
         alpha = self.alpha_pattern[key] if key is not None else self.lora_alpha
-        return alpha / self.rank_for(module_name)
+        rank = self.rank_for(module_name)
+        return alpha / math.sqrt(rank) if self.use_rslora else alpha / rank
 
     def to_peft_dict(self) -> dict[str, Any]:
         target = self.target_modules if isinstance(self.target_modules, str) else sorted(self.target_modules or [])
@@ -68,6 +72,8 @@ class LoraConfig(AdapterConfig):
             "lora_alpha": _number(self.lora_alpha), "lora_dropout": self.lora_dropout, "bias": self.bias,
             "target_modules": target, "exclude_modules": self.exclude_modules, "modules_to_save": self.modules_to_save,
             "rank_pattern": self.rank_pattern, "alpha_pattern": {k: _number(v) for k, v in self.alpha_pattern.items()},
+            "use_rslora": self.use_rslora, "fan_in_fan_out": self.fan_in_fan_out,
+            "layers_to_transform": self.layers_to_transform, "layers_pattern": self.layers_pattern,
         }.items()))
 
     @classmethod

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from ..layer import AdapterLayer
+from ..layer import AdapterLayer, linear_dims
 
 
 class LoraLinear(AdapterLayer):
@@ -17,19 +17,20 @@ class LoraLinear(AdapterLayer):
     are PEFT's keys.
 
     Args:
-        base_layer: the frozen linear, weight (out, in).
+        base_layer: the frozen ``nn.Linear`` or GPT-2 ``Conv1D``.
         r: rank.
-        scaling: ``alpha / r``.
+        scaling: ``alpha / r`` (``alpha / √r`` with rsLoRA).
         dropout: dropout probability on the input of A.
     """
 
-    def __init__(self, base_layer: nn.Linear, r: int, scaling: float, dropout: float) -> None:
+    def __init__(self, base_layer: nn.Module, r: int, scaling: float, dropout: float) -> None:
         super().__init__(base_layer)
         self.r, self.scaling = r, scaling
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         kw = {"device": base_layer.weight.device, "dtype": base_layer.weight.dtype}
-        self.lora_A = nn.Linear(base_layer.in_features, r, bias=False, **kw)
-        self.lora_B = nn.Linear(r, base_layer.out_features, bias=False, **kw)
+        d_in, d_out = linear_dims(base_layer)
+        self.lora_A = nn.Linear(d_in, r, bias=False, **kw)
+        self.lora_B = nn.Linear(r, d_out, bias=False, **kw)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

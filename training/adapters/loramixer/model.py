@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -123,7 +124,8 @@ class LoraMixerModel(AdapterModel):
                                  f"received {found[:4]}...")
             modules = found
             ranks.append(lora.r)
-            alphas.append(float(lora.lora_alpha))
+            # rsLoRA scales by alpha / √r: the same expert as alpha·√r over r
+            alphas.append(float(lora.lora_alpha) * (math.sqrt(lora.r) if lora.use_rslora else 1.0))
             states.append(state)
         config = (config or LoraMixerConfig()).replace(
             target_modules=modules, num_experts=len(states), expert_r=ranks, expert_alpha=alphas, train_experts=False,

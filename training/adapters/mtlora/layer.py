@@ -11,21 +11,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layer import AdapterLayer
+from ..layer import LINEAR_TYPES, AdapterLayer, linear_dims
 from .config import MtLoraConfig
 
 
 def sublayer_dims(module: nn.Module) -> tuple[int, int]:
-    """(d_in, d_out) of a sub-layer: in_features of its first Linear, out_features of its last.
+    """(d_in, d_out) of a sub-layer: in_features of its first linear, out_features of its last (``nn.Linear`` or
+    GPT-2's ``Conv1D``).
 
     Raises:
-        ValueError: the module holds no ``nn.Linear``.
+        ValueError: the module holds no linear layer.
     """
-    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    linears = [m for m in module.modules() if isinstance(m, LINEAR_TYPES)]
     if not linears:
-        raise ValueError(f"target_modules: expected a sub-layer containing nn.Linear, received a "
+        raise ValueError(f"target_modules: expected a sub-layer containing nn.Linear or Conv1D, received a "
                          f"{type(module).__name__} with none")
-    return linears[0].in_features, linears[-1].out_features
+    return linear_dims(linears[0])[0], linear_dims(linears[-1])[1]
 
 
 class MeanPoolRouter(nn.Module):

@@ -10,8 +10,7 @@ from veil.config import ConfigError, field
 from ..config import AdapterConfig
 
 # Fields of PEFT 0.21's PsoftConfig that veil fixes, at PEFT's defaults; another value is refused on load.
-PEFT_PSOFT_FIXED: dict[str, Any] = {"fan_in_fan_out": False, "ab_svd_init": "psoft_init", "psoft_svd": "full",
-                                    "psoft_orth": True, "layers_to_transform": None, "layers_pattern": None,
+PEFT_PSOFT_FIXED: dict[str, Any] = {"ab_svd_init": "psoft_init", "psoft_svd": "full", "psoft_orth": True,
                                     "cayley_neumann_eps": None}
 PEFT_PSOFT_IGNORED = {"psoft_svd_lowrank_niter": 10, "random_seed": 0, "init_weights": True, "revision": None,
                       "inference_mode": True}
@@ -70,7 +69,8 @@ class PsoftConfig(AdapterConfig):
                "psoft_dropout": self.psoft_dropout, "psoft_mag_a": self.psoft_mag_a, "psoft_mag_b": self.psoft_mag_b,
                "use_cayley_neumann": self.use_cayley_neumann, "num_cayley_neumann_terms": self.num_cayley_neumann_terms,
                "target_modules": target, "exclude_modules": self.exclude_modules,
-               "modules_to_save": self.modules_to_save}
+               "modules_to_save": self.modules_to_save, "layers_to_transform": self.layers_to_transform,
+               "layers_pattern": self.layers_pattern, "fan_in_fan_out": self.fan_in_fan_out}
         if self.rank_pattern:  # not a PEFT PsoftConfig field; written only when used
             out["rank_pattern"] = self.rank_pattern
         return dict(sorted(out.items()))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..layer import AdapterLayer
+from ..layer import AdapterLayer, linear_weight
 from .config import PsoftConfig
 
 
@@ -134,7 +134,7 @@ class PsoftLinear(AdapterLayer):
 
     def __init__(self, base_layer: nn.Linear, r: int, config: PsoftConfig) -> None:
         super().__init__(base_layer)
-        w = base_layer.weight
+        w = linear_weight(base_layer)  # (out, in), also for GPT-2's transposed Conv1D
         if r > min(w.shape):
             raise ValueError(f"PsoftConfig.r: expected <= min(out, in) = {min(w.shape)}, received {r}")
         self.r, self.scaling, self.config = r, config.psoft_alpha / r, config

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import write_adapter
+from ..layer import linear_weight
 from ..lora import LoraConfig
 from ..model import PEFT_PREFIX, AdapterModel
 from .config import PsoftConfig
@@ -50,7 +51,7 @@ class PsoftModel(AdapterModel):
 
     def _signs(self, name: str, layer: PsoftLinear, loading: bool) -> torch.Tensor:
         """D of PEFT's bases against veil's for one layer (see the module docstring)."""
-        signs, agreement = peft_signs(layer.base_layer.weight, layer.psoft_A)
+        signs, agreement = peft_signs(linear_weight(layer.base_layer), layer.psoft_A)
         if agreement >= SIGN_AGREEMENT:
             return signs
         advice = ("load it in PEFT and convert it to a LoRA there" if loading else
