@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tenseal.sealapi as sa
 from veil.he.errors import MismatchError
+from veil.he.layout import split_background
 from veil.he.packing import decompose, residue, sum_steps, tile
 from veil.he.plan import Plan
 
@@ -90,6 +91,11 @@ class PlanEvaluator:
             raise MismatchError(f"PlanEvaluator: latency period {self.period} does not divide {self.chain.slots} slots")
         self.keys = set(plan.galois_steps)
         self.encoded = [self._prepare(op) for op in plan.ops]
+        last_use = {v: i for i, op in enumerate(plan.ops) for v in op["inputs"]}
+        last_use.pop(plan.spec["outputs"][0]["value"], None)
+        self._dead_after: list[list[str]] = [[] for _ in plan.ops]
+        for v, i in last_use.items():
+            self._dead_after[i].append(v)
 
     # -- construction ----------------------------------------------------------------------------------
     def _prepare(self, op: dict[str, Any]) -> Any:
@@ -105,7 +111,9 @@ class PlanEvaluator:
         q = chain.primes[level - 1]
         biases = [self.plan.tensors[b] for b in op["biases"]]
         if not latency:  # scalar weights are encoded at run time (N * L words each; see docs/he.md)
-            return [[chain.encode(float(c), level - 1, chain.scale * q) for c in bias] for bias in biases]
+            return [([chain.encode(float(c), level - 1, chain.scale * q) for c in bias],
+                     [split_background(self.plan.tensors[name], allow=True) for name in row])
+                    for bias, row in zip(biases, op["weights"], strict=True)]
         modulus, signed = op["split"]["modulus"], op["split"]["signed"]
         outputs = []
         for diagonals, broadcast, bias in zip(op["diagonals"], op["broadcast"], biases, strict=True):
@@ -146,10 +154,13 @@ class PlanEvaluator:
                                     f"2^{chain.params.scale_bits} of the plan's parameters")
         values: dict[str, Any] = {self.plan.spec["inputs"][0]["value"]: cts if self.plan.mode == "throughput" else cts[0]}
         kernel = self._latency if self.plan.mode == "latency" else self._throughput
-        for op, encoded in zip(self.plan.ops, self.encoded, strict=True):
+        output = self.plan.spec["outputs"][0]["value"]
+        for index, (op, encoded) in enumerate(zip(self.plan.ops, self.encoded, strict=True)):
             outs = kernel(op, [values[v] for v in op["inputs"]], encoded, keys)
             values.update(zip(op["outputs"], outs, strict=True))
-        result = values[self.plan.spec["outputs"][0]["value"]]
+            for v in self._dead_after[index]:  # a throughput value is one ciphertext per feature: free it early
+                values.pop(v, None)
+        result = values[output]
         last = len(chain.parms) - 1
         return [chain.at(ct, last) for ct in (result if isinstance(result, list) else [result])]
 
@@ -225,7 +236,7 @@ class PlanEvaluator:
         chain, ev, level = self.chain, self.chain.evaluator, op["level"]
         kind = op["op"]
         if kind == "linear":
-            return _scalar_linear(chain, self.plan, op, [[chain.at(c, level - 1) for c in x] for x in xs], encoded)
+            return _scalar_linear(chain, op, [[chain.at(c, level - 1) for c in x] for x in xs], encoded)
         if kind == "mul":
             a, b = ([chain.at(c, level - 1) for c in x] for x in xs)
             n = max(len(a), len(b))
@@ -278,24 +289,42 @@ def _accumulate(ev: sa.Evaluator, total: Ct | None, term: Ct) -> Ct:
     return total
 
 
-def _scalar_linear(chain: Chain, plan: Plan, op: dict[str, Any], xs: list[list[Ct]], biases: list) -> list[list[Ct]]:
-    """Throughput linear op: per output feature, a plaintext-scalar multiply-add over input features."""
+def _scalar_linear(chain: Chain, op: dict[str, Any], xs: list[list[Ct]], encoded: list) -> list[list[Ct]]:
+    """Throughput linear op: per output feature, a plaintext-scalar multiply-add over input features.
+
+    Each matrix is ``sparse + 1 w^T`` (:func:`veil.he.layout.split_background`; a PolyNorm centring is dense
+    only through its mean): ``sum_i w_i x_i`` is computed once and added to every output feature, so the op
+    costs the non-zeros of ``sparse`` plus those of ``w`` instead of the matrix's.
+    """
     ev, level = chain.evaluator, op["level"] - 1
     q = chain.primes[level]
+
+    def dot(weights: np.ndarray, x: list[Ct], total: Ct | None) -> Ct | None:
+        for i in np.flatnonzero(weights):
+            term = Ct()
+            ev.multiply_plain(x[i], chain.encode(float(weights[i]), level, q), term)
+            total = _accumulate(ev, total, term)
+        return total
+
     outs = []
-    for row, bias in zip(op["weights"], biases, strict=True):
-        mats = [plan.tensors[name] for name in row]
+    for bias, splits in encoded:
+        shared = None
+        for x, (_, w) in zip(xs, splits, strict=True):
+            shared = shared if w is None else dot(w, x, shared)
         feature_cts = []
         for j in range(len(bias)):
             total = None
-            for x, mat in zip(xs, mats, strict=True):
-                for i in np.flatnonzero(mat[j]):
-                    term = Ct()
-                    ev.multiply_plain(x[i], chain.encode(float(mat[j, i]), level, q), term)
-                    total = _accumulate(ev, total, term)
-            if total is None:
+            for x, (sparse, _) in zip(xs, splits, strict=True):
+                total = dot(sparse[j], x, total)
+            if total is None and shared is None:
                 raise MismatchError(f"run: output feature {j} of node {op['node']!r} has no weights")
-            ev.add_plain_inplace(total, bias[j])
+            if total is None:
+                total = Ct()
+                ev.add_plain(shared, bias[j], total)
+            else:
+                if shared is not None:
+                    ev.add_inplace(total, shared)
+                ev.add_plain_inplace(total, bias[j])
             feature_cts.append(chain.rescale(total))
         outs.append(feature_cts)
     return outs

@@ -221,7 +221,8 @@ def _plan_linear(index: int, op: dict[str, Any], builder, layouts: dict[str, Lay
         layout = chosen.get(groups.find(main))
         if layout is None:
             options = candidates(tuple(values[main]["shape"]), inputs)
-            costs = [_cost(option, inputs, terms, op, values)[0] for option in options]
+            extent = max(int(x.positions.max()) + 1 for x in layouts.values())
+            costs = [_cost(option, inputs, terms, op, values)[0] * _block(option, extent) for option in options]
             layout = options[int(np.argmin(costs))]
             chosen[groups.find(main)] = layout
         for v in op["outputs"]:
@@ -232,6 +233,12 @@ def _plan_linear(index: int, op: dict[str, Any], builder, layouts: dict[str, Lay
     _, modulus, signed = _cost(layout, inputs, terms, op, values)
     return {"terms": terms, "broadcast": any(w is not None for row in broadcast for w in row),
             "weights": broadcast, "modulus": modulus, "signed": signed, "layout": layout}
+
+
+def _block(layout: Layout, extent: int) -> int:
+    """The block size a plan would need with ``layout`` beside values reaching ``extent``: rotations cost per image
+    what they cost per ciphertext times the block (fewer images fit a ciphertext when the block grows)."""
+    return next_pow2(max(extent, int(layout.positions.max()) + 1))
 
 
 def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any], values) -> tuple[int, int, bool]:

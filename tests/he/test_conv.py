@@ -55,9 +55,10 @@ class Square(nn.Module):
 class Centred(nn.Module):
     """conv, minus its mean over every feature (an explicit ReduceMean), PolyAct, head."""
 
-    def __init__(self) -> None:
+    def __init__(self, channels: int = 4, head: int = 10) -> None:
         super().__init__()
-        self.conv, self.act, self.head = nn.Conv2d(1, 4, 3, padding=1), poly_act(4, 2, channel_dim=1), nn.Linear(256, 10)
+        self.conv, self.act = nn.Conv2d(1, channels, 3, padding=1), poly_act(channels, 2, channel_dim=1)
+        self.head = nn.Linear(64 * channels, head)
 
     def forward(self, x):
         y = self.conv(x)
@@ -83,6 +84,8 @@ def build(name: str) -> nn.Module:
         "k5_pad0": lambda: [nn.Conv2d(1, 4, 5), act(4), nn.Flatten(), nn.Linear(64, 10)],
         "k3_stride2": lambda: [nn.Conv2d(1, 4, 3, stride=2, padding=1), act(4), nn.Conv2d(4, 8, 3, padding=1),
                                act(8), nn.Flatten(), nn.Linear(128, 10)],
+        "stride2_inside": lambda: [nn.Conv2d(1, 8, 3, padding=1), act(8), nn.Conv2d(8, 8, 3, stride=2, padding=1),
+                                   act(8), nn.Conv2d(8, 8, 3, padding=1), act(8), nn.Flatten(), nn.Linear(128, 10)],
         "avgpool": lambda: [nn.Conv2d(1, 4, 3, padding=1), act(4), nn.AvgPool2d(2), nn.Conv2d(4, 8, 3, padding=1),
                             act(8), *gap],
         "residual": lambda: [nn.Conv2d(1, 4, 3, padding=1), act(4), Block(4), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -110,7 +113,7 @@ class Recorder:
     """SEAL's evaluator with every rotation step recorded (what the key manifest must cover, exactly)."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.steps = inner, []
+        self.inner, self.steps, self.plain_products = inner, [], 0
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -118,6 +121,10 @@ class Recorder:
     def rotate_vector(self, ct, step, keys, out) -> None:
         self.steps.append(step)
         self.inner.rotate_vector(ct, step, keys, out)
+
+    def multiply_plain(self, ct, pt, out) -> None:
+        self.plain_products += 1
+        self.inner.multiply_plain(ct, pt, out)
 
 
 _RUNNERS: dict[str, tuple[SecretKeyring, PlanEvaluator, Recorder]] = {}
@@ -131,7 +138,7 @@ def encrypted(plan: Plan, x: np.ndarray) -> tuple[np.ndarray, list[int]]:
         evaluator.chain.evaluator = recorder = Recorder(evaluator.chain.evaluator)
         _RUNNERS[plan.hash()] = (SecretKeyring.generate(params, plan.galois_steps), evaluator, recorder)
     ring, evaluator, recorder = _RUNNERS[plan.hash()]
-    recorder.steps = []
+    recorder.steps, recorder.plain_products = [], 0
     out = evaluator.run(ring.encrypt(plan.encode_inputs(x)), ring.evaluation_keys())
     return plan.decode_outputs(ring.decrypt(out), len(x)), recorder.steps
 
@@ -159,6 +166,24 @@ def test_encrypted_conv_matches_onnx_runtime(name: str) -> None:
     np.testing.assert_allclose(out, reference, atol=TOLERANCE, rtol=0)
     assert sorted(set(steps)) == plan.galois_steps  # every manifest key used, no other
     assert len(steps) == plan.spec["rotations"]["rotations"] * plan.ciphertexts_for(len(x))
+
+
+def test_throughput_centring_costs_its_sparse_part_plus_one_mean() -> None:
+    # conv minus its mean is a dense (64, 64) matrix; throughput mode computes sum_i w_i x_i once and adds it
+    # to every feature, so its plaintext products are the conv's non-zeros plus the mean's, not 64 x 64
+    torch.manual_seed(0)
+    centred = nn.Sequential(Centred(channels=1, head=2)).eval()
+    model = export_graph(centred, (torch.randn(4, 1, 8, 8),), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    plan = compile(model, mode="throughput")
+    x = np.random.default_rng(4).normal(size=(3, 1, 8, 8))
+    out, _ = encrypted(plan, x)
+    np.testing.assert_allclose(out, ort_run(model, x), atol=TOLERANCE, rtol=0)
+    recorder = _RUNNERS[plan.hash()][2]
+    dense = sum(int(np.count_nonzero(plan.tensors[n])) for op in plan.ops if op["op"] == "linear"
+                for row in op["weights"] for n in row)
+    centring = plan.tensors[next(op for op in plan.ops if op["op"] == "linear")["weights"][0][0]]
+    assert np.count_nonzero(centring) == centring.size  # dense by construction
+    assert recorder.plain_products < dense - centring.size / 2
 
 
 def test_images_share_a_ciphertext_and_match_one_at_a_time() -> None:
@@ -231,16 +256,18 @@ def test_naf_and_decompose() -> None:
 
 
 def test_strided_layers_keep_outputs_in_place_with_the_gap() -> None:
-    plan = compile(exported("k3_stride2"), mode="latency")
+    # a stride-2 conv inside an 8-channel network: in place its outputs fit the block the first conv already
+    # needs (8 x 64 slots), so the chooser keeps them there with gap 2 and the next conv's taps follow the gap
+    plan = compile(exported("stride2_inside"), mode="latency")
     linear = [op for op in plan.ops if op["op"] == "linear"]
-    first, second = (plan.spec["values"][op["outputs"][0]] for op in linear[:2])
-    assert first["grid"] == {"channels": 4, "height": 4, "width": 4, "channel_stride": 64, "gap": 2, "row": 8,
-                             "rows": 8}
-    c, i, j = np.meshgrid(range(4), range(4), range(4), indexing="ij")
-    assert first["positions"] == (c * 64 + 2 * (i * 8 + j)).reshape(-1).tolist()
-    assert second["grid"]["gap"] == 2 and second["grid"]["channels"] == 8
-    # the second conv's taps on the gap-2 grid: offsets modulo the channel stride are 2 (di W0 + dj)
-    taps = {int(t) for part in linear[1]["diagonals"][0] for t in residue(np.array(part["offsets"]), 64, True)}
+    strided, after = (plan.spec["values"][op["outputs"][0]] for op in linear[1:3])
+    assert strided["grid"] == {"channels": 8, "height": 4, "width": 4, "channel_stride": 64, "gap": 2, "row": 8,
+                               "rows": 8}
+    c, i, j = np.meshgrid(range(8), range(4), range(4), indexing="ij")
+    assert strided["positions"] == (c * 64 + 2 * (i * 8 + j)).reshape(-1).tolist()
+    assert after["grid"]["gap"] == 2 and after["grid"]["channels"] == 8 and plan.spec["period"] == 512
+    # the third conv's taps on the gap-2 grid: offsets modulo the channel stride are 2 (di W0 + dj)
+    taps = {int(t) for part in linear[2]["diagonals"][0] for t in residue(np.array(part["offsets"]), 64, True)}
     assert taps == {2 * (a * 8 + b) for a in (-1, 0, 1) for b in (-1, 0, 1)}
     for value in plan.spec["values"].values():  # every grid's positions follow its bookkeeping
         if "grid" in value:
@@ -248,6 +275,19 @@ def test_strided_layers_keep_outputs_in_place_with_the_gap() -> None:
             c, i, j = np.meshgrid(range(g["channels"]), range(g["height"]), range(g["width"]), indexing="ij")
             expected = c * g["channel_stride"] + g["gap"] * (i * g["row"] + j)
             assert value["positions"] == expected.reshape(-1).tolist()
+
+
+def test_a_strided_stem_is_repacked_when_in_place_would_grow_the_block() -> None:
+    # 1 -> 4 channels, stride 2, on 8 x 8: in place the outputs reach slot 4 x 64 (block 256, 32 images per
+    # 8192 slots); compact (c, i, j) at 16 c + 4 i + j needs 64 slots (the 8-channel conv after it: 128): twice the images per
+    # ciphertext for a few more masked diagonals (issue 17: the digits PolyCNN held 2 images per ciphertext)
+    plan = compile(exported("k3_stride2"), mode="latency")
+    first = plan.spec["values"][next(op for op in plan.ops if op["op"] == "linear")["outputs"][0]]
+    assert first["grid"] == {"channels": 4, "height": 4, "width": 4, "channel_stride": 16, "gap": 1, "row": 4,
+                             "rows": 4}
+    assert plan.spec["period"] <= 128 and plan.batch_capacity == plan.slots // plan.spec["period"]
+    x = np.random.default_rng(3).normal(size=(2, 1, 8, 8))
+    np.testing.assert_allclose(simulate(plan, x), ort_run(exported("k3_stride2"), x), atol=5e-4, rtol=1e-3)
 
 
 def dense_bsgs_rotations(matrices: list[np.ndarray]) -> int:
