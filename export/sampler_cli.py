@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from veil.posterior.sampler import SamplerSettings
+from veil.posterior.settings import SamplerSettings
 
 from .cli_args import repository_arguments
 

@@ -26,7 +26,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "Uniform": ".priors",
     "prior_from_spec": ".priors",
     "PriorGuidePosterior": ".sampler",
-    "SamplerSettings": ".sampler",
+    "SamplerSettings": ".settings",
     "Samples": ".sampler",
     "GaussianLinearScore": ".score",
     "NetworkScore": ".score",

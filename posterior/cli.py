@@ -29,7 +29,7 @@ EXAMPLE = """example:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .sampler import SamplerSettings
+    from .settings import SamplerSettings
 
     parser = argparse.ArgumentParser(prog="veil sample", description=__doc__.splitlines()[0], epilog=EXAMPLE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,15 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # before torch: --help and usage errors stay instant
     import numpy as np
     import torch
 
     from .artifact import load_artifact
     from .priors import PriorSpecError, prior_from_spec
-    from .sampler import SamplerSettings
+    from .settings import SamplerSettings
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
         artifact = load_artifact(args.model)

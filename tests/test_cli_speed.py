@@ -16,7 +16,7 @@ from veil.cli import GROUPS
 HEAVY = ("torch", "transformers", "onnx", "onnxruntime")
 # verbs whose parser still needs a torch module (their configs live beside torch code; issue 24 follow-up): not
 # run here (each would import torch, seconds on a busy machine); every other verb, including new ones, is checked
-STILL_HEAVY = {"finetune", "train rl", "train sampler", "export sampler", "sample", "serve", "recommend"}
+STILL_HEAVY = {"finetune", "train rl", "train sampler", "serve", "recommend"}
 VERBS = [name for group, (_, verbs, _) in GROUPS.items() for verb in verbs
          if (name := f"{group} {verb}".strip()) not in STILL_HEAVY] + ["demo"]
 FLAGS = {"--help": 0, "--not-a-flag": 2}  # the flag and the exit status it must give
