@@ -16,7 +16,7 @@ from veil.cli import GROUPS
 HEAVY = ("torch", "transformers", "onnx", "onnxruntime")
 # verbs whose parser still needs a torch module (their configs live beside torch code; issue 24 follow-up): not
 # run here (each would import torch, seconds on a busy machine); every other verb, including new ones, is checked
-STILL_HEAVY = {"finetune", "train rl", "train sampler", "serve", "recommend"}
+STILL_HEAVY = {"finetune", "train rl", "serve", "recommend"}
 VERBS = [name for group, (_, verbs, _) in GROUPS.items() for verb in verbs
          if (name := f"{group} {verb}".strip()) not in STILL_HEAVY] + ["demo"]
 FLAGS = {"--help": 0, "--not-a-flag": 2}  # the flag and the exit status it must give
@@ -51,3 +51,11 @@ def test_he_help_prints_its_examples_once(capsys) -> None:
     assert main(["he", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.count("veil he keygen  --server") == 1 and "example:" in out
+
+
+def test_the_parser_side_task_names_are_the_simulators() -> None:
+    """`veil train sampler --task` choices come from the torch-free config; they must be the simulator tasks."""
+    from veil.training.priorguide.config import TASK_NAMES
+    from veil.training.priorguide.simulators import TASKS
+
+    assert sorted(TASK_NAMES) == sorted(TASKS)

@@ -22,12 +22,12 @@ if TYPE_CHECKING:
 # public name -> the submodule that defines it, imported on first use (a CLI's --help never imports torch)
 __getattr__, __dir__ = lazy_exports(__name__, {
     "ScoreNet": ".model",
-    "ScoreNetConfig": ".model",
+    "ScoreNetConfig": ".config",
     "TASKS": ".simulators",
     "Task": ".simulators",
     "get_task": ".simulators",
     "simulator_task": ".simulators",
-    "SamplerTrainConfig": ".trainer",
+    "SamplerTrainConfig": ".config",
     "ScoreEstimator": ".trainer",
     "TrainResult": ".trainer",
     "load_posterior": ".trainer",

@@ -15,9 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .model import ScoreNetConfig
-from .simulators import TASKS, get_task
-from .trainer import SamplerTrainConfig, save_sampler, train_score
+from .config import TASK_NAMES, SamplerTrainConfig, ScoreNetConfig
 
 EXAMPLE = """example:
   veil train sampler --task gaussian_linear --dim 5 --out runs/sampler-gl5
@@ -29,7 +27,7 @@ EXAMPLE = """example:
 def build_parser(prog: str = "veil train sampler") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", required=True, choices=sorted(TASKS), help="simulator task")
+    parser.add_argument("--task", required=True, choices=sorted(TASK_NAMES), help="simulator task")
     parser.add_argument("--dim", type=int, default=None, help="θ's dimension (gaussian_linear tasks; default 10)")
     parser.add_argument("--predictive", action="store_true",
                         help="model the joint (θ, x*) | x: PriorGuide's posterior-predictive mode (Eq. 17)")
@@ -41,9 +39,12 @@ def build_parser(prog: str = "veil train sampler") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # before torch: --help and usage errors stay instant
     import torch
 
-    args = build_parser().parse_args(argv)
+    from .simulators import get_task
+    from .trainer import save_sampler, train_score
+
     torch.set_num_threads(1)
     task = get_task(args.task, args.dim)
     train_cfg = SamplerTrainConfig.from_args(args)

@@ -12,33 +12,11 @@ regresses F on F* = (σ(θ_0 − μ) − σ_d² ε)/(σ_d √(σ² + σ_d²)) (d
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from veil.config import Config, ConfigError, field
-
-
-@dataclass
-class ScoreNetConfig(Config):
-    """Score MLP: width, depth, time features and the VE schedule it is trained for."""
-
-    dim: int = field(2, "θ's dimension")
-    x_dim: int = field(2, "x's dimension")
-    hidden: int = field(128, "width of the hidden layers")
-    depth: int = field(3, "hidden layers")
-    fourier: int = field(16, "Fourier frequencies of log σ (time embedding)")
-    sigma_min: float = field(1e-4, "VE σ_min")
-    sigma_max: float = field(15.0, "VE σ_max")
-
-    def validate(self) -> None:
-        for name in ("dim", "x_dim", "hidden", "depth", "fourier"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}: expected an integer >= 1, received {getattr(self, name)}")
-        if not 0 < self.sigma_min < self.sigma_max:
-            raise ConfigError(f"sigma_min, sigma_max: expected 0 < sigma_min < sigma_max, received "
-                              f"{self.sigma_min}, {self.sigma_max}")
+from .config import ScoreNetConfig
 
 
 class ScoreNet(nn.Module):

@@ -26,33 +26,9 @@ from veil.posterior.priors import Prior, prior_from_spec
 from veil.posterior.sampler import PriorGuidePosterior
 from veil.posterior.score import NetworkScore, VESchedule
 
-from veil.config import Config, ConfigError, field
-
 from ..checkpoint import load_checkpoint, save_checkpoint
+from .config import SamplerTrainConfig
 from .model import ScoreNet, ScoreNetConfig
-
-
-@dataclass
-class SamplerTrainConfig(Config):
-    """Training of the score network."""
-
-    simulations: int = field(10_000, "simulated (θ, x) pairs from the training prior")
-    steps: int = field(20_000, "optimizer steps")
-    batch_size: int = field(512, "pairs per step (each with a fresh noise level)")
-    lr: float = field(2e-3, "peak AdamW learning rate (cosine to a hundredth of it)")
-    weight_decay: float = field(1e-5, "AdamW weight decay")
-    ema: float = field(0.999, "decay of the weight average that is saved")
-    held_out: float = field(0.05, "fraction of the pairs kept for the held-out loss")
-    seed: int = field(0, "seed of simulations, initialisation, batches and noise")
-
-    def validate(self) -> None:
-        for name in ("simulations", "steps", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}: expected an integer >= 1, received {getattr(self, name)}")
-        if not 0 <= self.held_out < 0.5:
-            raise ConfigError(f"held_out: expected a fraction in [0, 0.5), received {self.held_out}")
-        if not 0 <= self.ema < 1:
-            raise ConfigError(f"ema: expected a decay in [0, 1), received {self.ema}")
 
 
 @dataclass
