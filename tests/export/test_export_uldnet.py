@@ -131,6 +131,8 @@ def test_checkpoint_export_writes_a_triton_repository(digits_checkpoint, tmp_pat
         assert line in config
     saved = json.loads((model_dir / "veil.json").read_text())
     assert saved["kind"] == "uldnet-classifier" and saved["validation"]["passed"]
+    # validated on the data it was trained for: a trained PolyCNN/PolyViT overflows to NaN on N(0, 1) inputs
+    assert saved["validation"]["samples"] == "rows of the digits preset's validation split"
     assert len(saved["validation"]["cases"]) >= 2 and saved["export"]["exporter"] == "torch.onnx.export(dynamo=True)"
     assert {"torch", "onnx", "onnxscript", "onnxruntime"} <= set(saved["export"]["versions"])
     assert saved["source"]["sha256"] == manifest["source"]["sha256"] and saved["depth"]["max_op_levels"] <= 3
@@ -165,4 +167,15 @@ def test_cli_exports_a_checkpoint(digits_checkpoint, tmp_path, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["name"] == "d" and out["veil_functions"] == ["PolyAct", "PolyNorm"]
     assert main(["export", "onnx", str(tmp_path / "missing"), "--repo", str(tmp_path)]) == 2
-    assert "expected a folder with a transformers config.json" in capsys.readouterr().err
+    assert "missing' not found" in capsys.readouterr().err  # issue 24: not a transformers error
+
+
+def test_validation_inputs_are_rows_of_the_validation_split() -> None:
+    from veil.export.uldnet import _validation_inputs
+
+    x_val = load_digits_preset().x_val.reshape(360, -1)
+    make, _ = _validation_inputs({"data": {"source": "preset:digits"}}, [1, 8, 8])
+    batch = make(batch=5)["x"].numpy().reshape(5, -1)
+    assert all(np.any(np.all(x_val == row, axis=1)) for row in batch)
+    make_normal, samples = _validation_inputs({"data": {"source": "npz:/data/mine.npz"}}, [1, 8, 8])
+    assert samples == "standard normal" and make_normal(batch=2)["x"].shape == (2, 1, 8, 8)
