@@ -25,6 +25,7 @@ from veil.he.packing import decompose, residue, sum_steps, tile
 from veil.he.plan import Plan
 
 Ct = sa.Ciphertext
+ENCODED_BYTES = 4 << 30  # masks encoded once at load up to this many bytes; the rest is encoded at each use
 
 
 class Chain:
@@ -82,7 +83,7 @@ class PlanEvaluator:
         params: CkksParameters with at least ``plan.levels`` levels and the plan's slot period.
     """
 
-    def __init__(self, plan: Plan, params) -> None:
+    def __init__(self, plan: Plan, params, encoded_bytes: int = ENCODED_BYTES) -> None:
         if params.levels < plan.levels:
             raise MismatchError(f"PlanEvaluator: the plan needs {plan.levels} levels, params offer {params.levels}")
         self.plan, self.chain = plan, Chain(params)
@@ -90,6 +91,7 @@ class PlanEvaluator:
         if plan.mode == "latency" and (self.period > self.chain.slots or self.chain.slots % self.period):
             raise MismatchError(f"PlanEvaluator: latency period {self.period} does not divide {self.chain.slots} slots")
         self.keys = set(plan.galois_steps)
+        self._budget = encoded_bytes
         self.encoded = [self._prepare(op) for op in plan.ops]
         last_use = {v: i for i, op in enumerate(plan.ops) for v in op["inputs"]}
         last_use.pop(plan.spec["outputs"][0]["value"], None)
@@ -125,11 +127,20 @@ class PlanEvaluator:
                 babies = residue(offsets, modulus, signed)
                 for mask, b, delta in zip(masks, babies, offsets, strict=True):
                     g = int(delta - b)
-                    terms.append((k, int(b), g, chain.encode(tile(np.roll(mask, g), chain.slots), level - 1, q)))
+                    terms.append((k, int(b), g, self._mask(tile(np.roll(mask, g), chain.slots), level - 1, q)))
             sums = [(k, chain.encode(tile(self.plan.tensors[t], chain.slots), level - 1, q))
                     for k, t in enumerate(broadcast or []) if t is not None]
             outputs.append((terms, sums, chain.encode(tile(bias, chain.slots), level - 1, chain.scale * q)))
         return outputs
+
+    def _mask(self, values: np.ndarray, level: int, scale: float) -> sa.Plaintext | tuple[np.ndarray, int, float]:
+        """A mask encoded now while the budget lasts, else kept as (float32 values, level, scale) and encoded
+        at use: an encoded mask holds N x primes words (1.2 MB at N = 16384, 9 primes), 18x its float32 values."""
+        size = self.chain.params.poly_modulus_degree * 8 * (len(self.chain.parms) - level)
+        if size <= self._budget:
+            self._budget -= size
+            return self.chain.encode(values, level, scale)
+        return values.astype(np.float32), level, scale
 
     # -- run ---------------------------------------------------------------------------------------------
     def run(self, cts: list[Ct], eval_keys) -> list[Ct]:
@@ -216,7 +227,8 @@ class PlanEvaluator:
                 if (k, b) not in babies:
                     babies[k, b] = xs[k] if b == 0 else self.rotate(xs[k], b, galois)
                 term = Ct()
-                ev.multiply_plain(babies[k, b], pt, term)
+                ev.multiply_plain(babies[k, b], pt if isinstance(pt, sa.Plaintext) else self.chain.encode(
+                    pt[0].astype(np.float64), pt[1], pt[2]), term)
                 giants[g] = _accumulate(ev, giants.get(g), term)
             total = giants.pop(0, None)
             for g, partial in giants.items():

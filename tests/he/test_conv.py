@@ -197,6 +197,21 @@ def test_images_share_a_ciphertext_and_match_one_at_a_time() -> None:
     np.testing.assert_allclose(together, ort_run(model, x), atol=TOLERANCE, rtol=0)
 
 
+def test_masks_past_the_encoding_budget_are_encoded_at_use() -> None:
+    # a deep plan's masks encoded at load outgrew memory (the PolyViT: ~7 GB); past the budget they stay float32
+    model = exported("k3_1-4-8_gap")
+    plan = compile(model, mode="latency")
+    x = np.random.default_rng(5).normal(size=(2, 1, 8, 8))
+    encoded, _ = encrypted(plan, x)
+    ring = _RUNNERS[plan.hash()][0]
+    lazy = PlanEvaluator(plan, plan.parameters(), encoded_bytes=0)
+    terms = [t for op in lazy.encoded if isinstance(op, list) for out in op for t in out[0]]
+    assert terms and all(isinstance(t[3], tuple) for t in terms)  # (float32 values, level, scale), not encoded
+    out = plan.decode_outputs(ring.decrypt(lazy.run(ring.encrypt(plan.encode_inputs(x)), ring.evaluation_keys())), 2)
+    np.testing.assert_allclose(out, encoded, atol=TOLERANCE / 2, rtol=0)
+    np.testing.assert_allclose(out, ort_run(model, x), atol=TOLERANCE, rtol=0)
+
+
 def test_a_batch_beyond_capacity_takes_more_ciphertexts() -> None:
     model = exported("polynorm")  # block sums (PolyNorm) across several ciphertexts, no encryption
     plan = compile(model, mode="latency")
