@@ -18,8 +18,8 @@
 
 Writes docs/results/recommend_pave.json and the recommend_pave section of docs/results.md.
 
-    nice -n 10 python benchmarks/recommend_pave.py            # ~10 min on 2 shared cores
-    python benchmarks/recommend_pave.py --quick --out /tmp/docs   # smoke: small markets (~2 min)
+    nice -n 10 python benchmarks/recommend_pave.py            # ~10 min of CPU (2 cores)
+    python benchmarks/recommend_pave.py --quick --out /tmp/docs   # smoke: small markets
 """
 
 from __future__ import annotations
@@ -63,11 +63,11 @@ class MLP(nn.Module):
         super().__init__()
         self.l1, self.l2, self.head = nn.Linear(d, h), nn.Linear(h, h), nn.Linear(h, k)
 
-    def forward(self, x: torch.Tensor, deltas: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, deltas: list[torch.Tensor] | None = None, centre: bool = False) -> torch.Tensor:
         z = self.l1(x) + (0 if deltas is None else x @ deltas[0].T)
         z = torch.tanh(z)
-        z = self.l2(z) + (0 if deltas is None else z @ deltas[1].T)
-        return self.head(torch.tanh(z))
+        z = torch.tanh(self.l2(z) + (0 if deltas is None else z @ deltas[1].T))  # (n, h)
+        return self.head(z - z.mean(0, keepdim=True) if centre else z)  # the spec head centres, as on MiniLM
 
 
 def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float) -> None:
@@ -87,7 +87,7 @@ def _mlp_spec(base: MLP, x: torch.Tensor, targets: torch.Tensor, r: int, seed: i
     opt = torch.optim.SGD(bs, lr=lr)
     for _ in range(steps):
         deltas = [b @ ak for b, ak in zip(bs, a, strict=True)]
-        loss = -(targets * nn.functional.log_softmax(base(x, deltas), -1)).sum(-1).mean()
+        loss = -(targets * nn.functional.log_softmax(base(x, deltas, centre=True), -1)).sum(-1).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -112,7 +112,7 @@ def synthetic_market(tasks: int = 20, users_per_task: int = 5, shots: int = 32, 
     club: dict[str, PaveVector] = {}
     accuracy: dict[str, float] = {}
     for t in range(tasks):
-        x = torch.randn(400, d, generator=gen)
+        x = torch.randn(1000, d, generator=gen)
         y = label(t, x)
         for variant in ("clean", "corrupted"):
             yy = y if variant == "clean" else y[torch.randperm(len(y), generator=gen)]
@@ -120,7 +120,7 @@ def synthetic_market(tasks: int = 20, users_per_task: int = 5, shots: int = 32, 
             dev.load_state_dict(base.state_dict())
             for p in dev.parameters():
                 p.requires_grad_(True)
-            _train(dev, x, yy, 150, 1e-2)  # a full fine-tune of the base
+            _train(dev, x, yy, 300, 1e-2)  # a full fine-tune of the base
             name = f"task{t:02d}-{variant}"
             probe = torch.randn(200, d, generator=gen)
             with torch.no_grad():
@@ -407,17 +407,21 @@ def render(res: dict[str, Any], argv: list[str] | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="small markets (smoke run)")
+    parser.add_argument("--users-per-task", type=int, default=2, help="real market: users per clean task")
+    parser.add_argument("--train-size", type=int, default=64, help="real market: training examples per adapter")
+    parser.add_argument("--epochs", type=int, default=2, help="real market: epochs per adapter")
+    parser.add_argument("--probe-size", type=int, default=64, help="real market: probe inputs per model spec")
     args = parser.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # one thread: on a shared, oversubscribed machine a second one mostly waits
     cfg = PaveConfig()
     t0 = time.perf_counter()
     res: dict[str, Any] = {"environment": environment(torch=torch.__version__), "config": cfg.to_dict()}
     res["low_rank"] = low_rank_identity()
     syn = synthetic_market(tasks=6 if args.quick else 20, users_per_task=2)
     print("[recommend_pave] synthetic market done", file=sys.stderr, flush=True)
-    real = real_market(users_per_task=1 if args.quick else 3, shots=32, train_size=64 if args.quick else 96,
-                       epochs=1 if args.quick else 2, probe_size=64 if args.quick else 96, cfg=cfg,
-                       test_size=48 if args.quick else 120)
+    real = real_market(users_per_task=1 if args.quick else args.users_per_task, shots=32,
+                       train_size=32 if args.quick else args.train_size, epochs=1 if args.quick else args.epochs,
+                       probe_size=32 if args.quick else args.probe_size, cfg=cfg, test_size=48)
     res["private"] = private_checks({"synthetic": syn, "real": real})
     res["synthetic"] = {k: v for k, v in syn.items() if not k.startswith("_")}
     res["real"] = {k: v for k, v in real.items() if not k.startswith("_")}
