@@ -12,4 +12,5 @@ Plaintext serving (`veil serve --repo DIR`, docs/serving.md), one module per job
     repository  Triton model repository and config.pbtxt (pbtxt: the text-format parser)
     metrics     Prometheus /metrics and Triton /stats; errors: exception classes and HTTP handlers
     toy         tiny ONNX models and repositories for tests, examples and benchmarks
+    ray_serve   the same repository as Ray Serve applications (`veil serve --ray`; optional: veil[ray])
 """
