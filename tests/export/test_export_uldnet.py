@@ -167,7 +167,7 @@ def test_cli_exports_a_checkpoint(digits_checkpoint, tmp_path, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["name"] == "d" and out["veil_functions"] == ["PolyAct", "PolyNorm"]
     assert main(["export", "onnx", str(tmp_path / "missing"), "--repo", str(tmp_path)]) == 2
-    assert "missing' not found" in capsys.readouterr().err  # issue 24: not a transformers error
+    assert "missing': not found" in capsys.readouterr().err  # issue 24: not a transformers error
 
 
 def test_validation_inputs_are_rows_of_the_validation_split() -> None:
