@@ -1,15 +1,15 @@
 """ARPC codec rate-distortion on the held-out photos vs JPEG, WebP and AVIF at matched bpp, in one run.
 
-The bundled default codec (``veil train codec``: tokenizer then prior on the skimage photos, astronaut,
-coffee and chelsea held out) is measured at every number of scales sent, k = 1..K, and at each target bpp
+The codec shipped with veil (veil/codec/default: tokenizer then prior on the skimage photos, astronaut,
+coffee and chelsea held out; how it was trained is in docs/codec.md), or the one given by ``--model``, is measured at every number of scales sent, k = 1..K, and at each target bpp
 (the most scales within it), against each classical codec's best MS-SSIM within the same budget over quality
 x downscale factor (whole files counted, plus 4 bytes of original size when downscaled). Also: encode +
 decode time of a 256x256 image on 2 threads, bit-exact decoding across runs and thread counts, and rate
 monotonicity in k. Writes docs/results/codec_rd.json, the codec_rd section of results.md, docs/img/codec_rd.png.
 
-    .venv/bin/python benchmarks/codec_rd.py                  # trains runs/codec first if missing (~20 min, 1 thread)
+    .venv/bin/python benchmarks/codec_rd.py                  # the shipped default model
     .venv/bin/python benchmarks/codec_rd.py --model runs/codec
-    .venv/bin/python benchmarks/codec_rd.py --quick --out /tmp/docs   # smoke run: tiny model, small crops
+    .venv/bin/python benchmarks/codec_rd.py --quick --out /tmp/docs   # smoke run: small crops, one target, WebP
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from veil.codec.cli import resolve_model
+from veil.codec.cli import default_model
 from veil.codec.evaluate import bench, curve, plot
 from veil.codec.images import bundled
 from veil.codec.runtime import CodecRuntime
@@ -34,24 +34,6 @@ from common import save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = [0.01, 0.02, 0.05, 0.1]
-
-
-def ensure_model(path: Path, quick: bool) -> tuple[Path, float | None]:
-    """The exported codec under ``path``; trains (and exports) the bundled default there when missing."""
-    try:
-        return resolve_model(path), None
-    except ValueError:
-        pass
-    from veil.export.codec_cli import train_main  # `veil train codec`: train, then export
-
-    start = time.perf_counter()
-    argv = ["--out", str(path), "--no-progress"]
-    if quick:
-        argv += ["--tokenizer-steps", "5", "--prior-steps", "5", "--crop", "64", "--prior-crop", "64",
-                 "--batch-size", "2", "--prior-crops", "4", "--channels", "8", "8", "8", "8", "--prior-width", "16",
-                 "--prior-layers", "1", "--prior-heads", "2"]
-    train_main(argv)
-    return resolve_model(path), time.perf_counter() - start
 
 
 def timing(folder: Path, pixels: np.ndarray, repeats: int) -> dict[str, float]:
@@ -82,11 +64,12 @@ def determinism(folder: Path, pixels: np.ndarray, K: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=ROOT / "runs" / "codec", help="exported codec or run folder")
-    parser.add_argument("--quick", action="store_true", help="smoke run: tiny model, 192x192 crops, one target, WebP")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="exported codec or run folder (default: the model shipped with veil)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 192x192 crops, one target, WebP")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="docs folder (results.md, results/, img/)")
     args = parser.parse_args(argv)
-    folder, train_s = ensure_model(args.model, args.quick)
+    folder, source = default_model(args.model)
     images = bundled()
     if args.quick:
         images = {n: np.ascontiguousarray(im[:192, :192]) for n, im in images.items()}
@@ -97,9 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     result["curve_mean_mode"] = [{k: v for k, v in c.items() if k != "images"} for c in curve(runtime, images, "mean")]
     bpps = [c["mean"]["bpp"] for c in result["curve"]]
     square = np.ascontiguousarray(bundled(("astronaut",))["astronaut"][128:384, 128:384])
-    report = {"command": "python benchmarks/codec_rd.py" + (" --quick" if args.quick else ""),
-              "model": {"folder": str(folder), "hash": runtime.hash, "train_seconds": train_s,
-                        "veil": json.loads((folder.parent / "veil.json").read_text()).get("source", {})},
+    command = "python benchmarks/codec_rd.py" + (f" --model {args.model}" if args.model else "") + (
+        " --quick" if args.quick else "")
+    manifest = json.loads((folder.parent / "veil.json").read_text())
+    report = {"command": command,
+              "model": {"folder": str(folder), "source": source, "hash": runtime.hash,
+                        "training_images": manifest.get("training_images", []),
+                        "veil": manifest.get("source", {})},
               "images": {n: list(im.shape[:2]) for n, im in images.items()},
               "bpp_strictly_increasing": all(a < b for a, b in itertools.pairwise(bpps)),
               "timing_256": timing(folder, square, 2 if args.quick else 5),
@@ -129,7 +116,8 @@ def summary(row: dict[str, Any], codecs: list[str]) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     codecs = report["codecs"]
     lines = ["### ARPC codec: rate-distortion on the held-out photos (astronaut, coffee, chelsea)", "",
-             f"`{report['command']}` — model `{report['model']['hash'][:12]}`; every bpp is real bytes (header, chunk "
+             f"`{report['command']}` — model `{report['model']['hash'][:12]}` ({report['model']['source']}, "
+             f"trained on {len(report['model']['training_images'])} photos, none of these); every bpp is real bytes (header, chunk "
              "lengths, CRC) over the original pixels. Anchors: best MS-SSIM within the same budget over quality x "
              "downscale (whole files + 4 bytes of size). Greedy decoding of the scales not sent.", "",
              "| target bpp | veil bpp | veil MS-SSIM | veil PSNR | "

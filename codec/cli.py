@@ -1,16 +1,17 @@
 """`veil codec`: encode, decode, truncate, eval, bench and plot with an exported ARPC codec model.
 
 Examples:
-    veil codec encode photo.png -o photo.vc --model runs/codec --target-bpp 0.02
-    veil codec decode photo.vc -o photo.png --model runs/codec
+    veil codec encode photo.png -o photo.vc --target-bpp 0.02      # the shipped default model
+    veil codec decode photo.vc -o photo.png
     veil codec truncate photo.vc --scales 6 -o photo6.vc
-    veil codec eval heldout --model runs/codec --scales 8
-    veil codec bench heldout --model runs/codec -o bench.json
+    veil codec eval heldout --scales 8
+    veil codec bench heldout -o bench.json --model runs/codec      # a model of your own
     veil codec plot bench.json -o rd.png
 
 ``--model`` is an exported codec: a version folder holding codec.json, a model folder of the repository
-(the latest version is used) or a `veil train codec` run folder (its ``repo/codec``). Results are JSON on
-stdout; progress and errors go to stderr.
+(the latest version is used) or a `veil train codec` run folder (its ``repo/codec``). Without it the model
+shipped in the package is used (``veil/codec/default``, see docs/codec.md). Every result names the model it
+used. Results are JSON on stdout; progress and errors go to stderr.
 """
 
 from __future__ import annotations
@@ -26,11 +27,16 @@ from .errors import CodecError
 from .images import MAX_PIXELS, MIN_SIDE
 
 EXAMPLE = """example:
-  veil codec encode photo.png -o photo.vc --model runs/codec --target-bpp 0.02
-  veil codec decode photo.vc -o photo.png --model runs/codec
+  veil codec encode photo.png -o photo.vc --target-bpp 0.02
+  veil codec decode photo.vc -o photo.png
   veil codec bench heldout --model runs/codec -o bench.json && veil codec plot bench.json -o rd.png
 """
-DEFAULT_MODEL = Path("runs/codec")
+# the default model shipped inside the package (a model repository holding one model, "codec")
+SHIPPED_MODEL = Path(__file__).resolve().parent / "default" / "codec"
+HOW_TO_TRAIN = ("train one: `veil train codec --out runs/codec` (the default recipe, about 15 minutes on one idle CPU "
+                "thread, longer on a busy machine), or `veil train codec --quick --out runs/codec-quick` (under a "
+                "minute: a small model that reconstructs its input, far below the default's quality), then pass "
+                "--model runs/codec")
 
 
 def resolve_model(path: Path) -> Path:
@@ -46,16 +52,30 @@ def resolve_model(path: Path) -> Path:
     if (path / "model.safetensors").is_file():  # a `veil train codec --no-export` checkpoint
         how = f"export it: veil export codec {path} --repo {path / 'repo'} --name codec"
     else:
-        how = (f"train and export one: veil train codec --out {path} (writes {path / 'repo' / 'codec' / '1'}), or "
-               "export a trained checkpoint: veil export codec CHECKPOINT --repo REPO --name codec")
+        how = (f"train and export one: veil train codec --out {path} (writes {path / 'repo' / 'codec' / '1'}; about "
+               f"15 minutes on one idle CPU thread, or under a minute with --quick for a small model that "
+               "reconstructs its input), or export a trained checkpoint: veil export codec CHECKPOINT --repo REPO --name codec")
     raise CodecError(f"--model {str(path)!r}: expected an exported codec (a folder with codec.json, a model folder "
                      f"of a repository, or a `veil train codec` run folder), found none; {how}")
+
+
+def default_model(model: Path | None) -> tuple[Path, str]:
+    """(version folder, where it came from): an explicit ``--model`` wins, else the shipped default."""
+    if model is not None:
+        return resolve_model(model), "--model"
+    if not SHIPPED_MODEL.is_dir():
+        raise CodecError(f"--model: not given, and the default model shipped with veil ({SHIPPED_MODEL}) is missing "
+                         f"(an install without its package data?); {HOW_TO_TRAIN}")
+    return resolve_model(SHIPPED_MODEL), "shipped default"
 
 
 def _runtime(args: argparse.Namespace):
     from .runtime import CodecRuntime
 
-    return CodecRuntime(resolve_model(args.model), threads=args.threads, max_pixels=args.max_pixels)
+    folder, source = default_model(args.model)
+    runtime = CodecRuntime(folder, threads=args.threads, max_pixels=args.max_pixels)
+    args.model_used = {"path": str(folder), "source": source, "hash": runtime.hash}
+    return runtime
 
 
 def _pixels(text: str) -> int:
@@ -75,7 +95,9 @@ def build_parser(prog: str = "veil codec") -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="{encode,decode,truncate,eval,bench,plot}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", type=Path, default=DEFAULT_MODEL, help=f"exported codec (default: {DEFAULT_MODEL})")
+    common.add_argument("--model", type=Path, default=None,
+                        help="exported codec: version, model or `veil train codec` run folder (default: the model "
+                             "shipped with veil)")
     common.add_argument("--threads", type=int, default=1,
                         help="ONNX Runtime threads of the encoder/decoder (the prior always runs on one)")
     common.add_argument("--max-pixels", type=_pixels, default=MAX_PIXELS,
@@ -168,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     except (CodecError, OSError) as exc:
         print(f"veil codec {args.verb}: {exc}", file=sys.stderr)
         return 2
+    used = getattr(args, "model_used", None)
+    if used is not None:
+        result = {"model": used, **result}
+        print(f"veil codec {args.verb}: model {used['path']} ({used['source']}, hash {used['hash'][:12]})",
+              file=sys.stderr)
     print(json.dumps(result, indent=1, default=float))
     return 0
 

@@ -84,7 +84,25 @@ def test_encode_without_a_model_says_how_to_get_one(capsys, tmp_path) -> None:
     assert main(["encode", "photo.png", "-o", str(tmp_path / "x.vc"), "--model", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert f"veil train codec --out {tmp_path / 'none'}" in err and "veil export codec CHECKPOINT" in err
+    assert "15 minutes" in err and "--quick" in err
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "model.safetensors").write_bytes(b"")
     assert main(["encode", "photo.png", "-o", str(tmp_path / "x.vc"), "--model", str(tmp_path / "ck")]) == 2
     assert f"veil export codec {tmp_path / 'ck'} --repo" in capsys.readouterr().err
+
+
+def test_without_model_or_shipped_default_the_error_says_how_to_get_one(capsys, tmp_path, monkeypatch) -> None:
+    import veil.codec.cli as cli
+
+    monkeypatch.setattr(cli, "SHIPPED_MODEL", tmp_path / "not-installed")
+    assert main(["encode", "photo.png", "-o", str(tmp_path / "x.vc")]) == 2
+    err = capsys.readouterr().err
+    assert "--model: not given, and the default model shipped with veil" in err and "not-installed" in err
+    assert "veil train codec --out runs/codec" in err and "15 minutes" in err
+    assert "veil train codec --quick --out runs/codec-quick" in err and "under a minute" in err
+
+
+def test_an_explicit_model_wins_and_is_named(capsys, tmp_path, codec_dir, images) -> None:
+    (tmp_path / "crop.png").write_bytes(png_bytes(images.crop))
+    enc = run(capsys, "encode", str(tmp_path / "crop.png"), "-o", str(tmp_path / "c.vc"), "--model", str(codec_dir))
+    assert enc["model"]["source"] == "--model" and enc["model"]["path"] == str(codec_dir)

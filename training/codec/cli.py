@@ -25,8 +25,8 @@ from typing import Any
 from .config import QUICK_MODEL, QUICK_TRAIN, CodecModelConfig, CodecTrainConfig
 
 EXAMPLE = """example:
-  veil train codec --out runs/codec                 # the default recipe (about 70 min on 1 thread)
-  veil train codec --quick --out runs/codec-quick   # about 30 s: a small model that reconstructs its input
+  veil train codec --out runs/codec                 # the default recipe (about 15 min on 1 idle thread)
+  veil train codec --quick --out runs/codec-quick   # under a minute: a small model that reconstructs its input
   veil train codec --images my_photos/ --tokenizer-steps 4000 --out runs/codec-mine
 """
 
@@ -40,7 +40,7 @@ def build_parser(prog: str = "veil train codec") -> argparse.ArgumentParser:
     parser.add_argument("--no-export", action="store_true", help="only write the checkpoint")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.add_argument("--quick", action="store_true",
-                        help="a narrow model and a short schedule (about 30 s on one thread; flags given beside it win)")
+                        help="a narrow model and a short schedule (under a minute on one thread; flags given beside it win)")
     parser.add_argument("--tokenizer-from", type=Path, default=None,
                         help="skip stage 1: train only the prior on this codec checkpoint's tokenizer (e.g. OUT/last "
                              "of a stopped run)")
