@@ -34,6 +34,7 @@ import torch
 from veil.engine.server import ServerConfig, build_server
 from veil.export import export_graph
 from veil.export.he import export_he
+from veil.he import evaluate
 from veil.he.client import HeSession
 from veil.training.uldnet import (
     ModelConfig,
@@ -272,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vit-epochs", type=int, default=100, help="PolyViT training epochs (cached)")
     parser.add_argument("--skip-cnn", action="store_true", help="only the PolyViT row (reads the PolyCNN row from "
                         "the previous docs/results/he_deep.json)")
+    parser.add_argument("--encoded-mb", type=int, default=512, help="per segment, masks encoded at load up to this "
+                        "size (the rest at each use; server and client share this machine's memory)")
     args = parser.parse_args(argv)
+    evaluate.ENCODED_BYTES = args.encoded_mb << 20
     if args.quick:
         args.arch, args.width, args.epochs, args.images, args.precision_bits, args.max_n = "mlp", 8, 3, 2, 12, 8192
         args.vit_width = 0

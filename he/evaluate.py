@@ -25,7 +25,7 @@ from veil.he.packing import decompose, residue, sum_steps, tile
 from veil.he.plan import Plan
 
 Ct = sa.Ciphertext
-ENCODED_BYTES = 4 << 30  # masks encoded once at load up to this many bytes; the rest is encoded at each use
+ENCODED_BYTES = 4 << 30  # per evaluator, masks encoded once at load up to this many bytes; the rest at each use
 
 
 class Chain:
@@ -83,7 +83,7 @@ class PlanEvaluator:
         params: CkksParameters with at least ``plan.levels`` levels and the plan's slot period.
     """
 
-    def __init__(self, plan: Plan, params, encoded_bytes: int = ENCODED_BYTES) -> None:
+    def __init__(self, plan: Plan, params, encoded_bytes: int | None = None) -> None:
         if params.levels < plan.levels:
             raise MismatchError(f"PlanEvaluator: the plan needs {plan.levels} levels, params offer {params.levels}")
         self.plan, self.chain = plan, Chain(params)
@@ -91,7 +91,7 @@ class PlanEvaluator:
         if plan.mode == "latency" and (self.period > self.chain.slots or self.chain.slots % self.period):
             raise MismatchError(f"PlanEvaluator: latency period {self.period} does not divide {self.chain.slots} slots")
         self.keys = set(plan.galois_steps)
-        self._budget = encoded_bytes
+        self._budget = ENCODED_BYTES if encoded_bytes is None else encoded_bytes
         self.encoded = [self._prepare(op) for op in plan.ops]
         last_use = {v: i for i, op in enumerate(plan.ops) for v in op["inputs"]}
         last_use.pop(plan.spec["outputs"][0]["value"], None)
