@@ -212,7 +212,7 @@ def _row(label: str, r: dict[str, Any]) -> str:
     s = r["seconds_per_image"]
     return (f"| {label} | {r['unsegmented_levels']} | {r['rounds']} | {', '.join(r['cuts'])} | "
             + ", ".join(f"{g['levels']} @ {g['poly_modulus_degree']}" for g in r["segments"])
-            + f" | {r['images']} ({r['images_per_request']} per request) | {100 * r['argmax_agreement']:.1f} % | "
+            + f" | {r['images']} ({r.get('images_per_request', '?')} per request) | {100 * r['argmax_agreement']:.1f} % | "
               f"{100 * r['accuracy_encrypted']:.1f} / {100 * r['accuracy_plaintext']:.1f} % | {s['total_s']:.2f} | "
               f"{s['server_s']:.2f} | {s['refresh_s']:.3f} | {s['network_s']:.3f} | {s['encrypt_decrypt_s']:.3f} | "
               f"{r['max_abs_logit_error']:.1e} |")
@@ -298,8 +298,12 @@ def main(argv: list[str] | None = None) -> int:
                                           "vit", args.images, args.precision_bits, args.max_n or 16384)
     if args.ring_65536:
         report["ring_65536"] = ring_65536()
+    (args.out / "results").mkdir(parents=True, exist_ok=True)  # the numbers first: a table bug must not lose them
+    (args.out / "results" / "he_deep.raw.json").write_text(json.dumps(report, indent=1, default=str))
     save_results(args.out, "he_deep", report, markdown(report))
-    print(json.dumps({k: report["cnn"][k] for k in ("rounds", "argmax_agreement", "seconds_per_image")}))
+    (args.out / "results" / "he_deep.raw.json").unlink()
+    print(json.dumps({row: {k: report[row].get(k) for k in ("rounds", "argmax_agreement", "seconds_per_image")}
+                      for row in ("cnn", "vit") if row in report}))
     return 0
 
 
