@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -67,3 +68,32 @@ def argument_parser(doc: str) -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DOCS, help="docs folder to write into")
     return parser
+
+
+async def _keepalive(port: int, request: bytes, counter: list[int]) -> None:
+    """One keep-alive HTTP/1.1 connection sending ``request`` while ``counter[0] > 0`` (a client this thin keeps
+    the server, not the client, the bottleneck)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        while counter[0] > 0:
+            counter[0] -= 1
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = head.split(b" ", 2)[1]
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            body = await reader.readexactly(length)
+            if status != b"200":
+                raise RuntimeError(f"request failed with HTTP {status.decode()}: {body[:200]!r}")
+    finally:
+        writer.close()
+
+
+async def requests_per_second(port: int, request: bytes, n: int, concurrency: int) -> float:
+    """Requests/s of ``n`` raw HTTP requests over ``concurrency`` keep-alive connections, after a warm-up round."""
+    counter = [concurrency * 4]
+    await asyncio.gather(*(_keepalive(port, request, counter) for _ in range(concurrency)))
+    counter = [n]
+    start = time.perf_counter()
+    await asyncio.gather(*(_keepalive(port, request, counter) for _ in range(concurrency)))
+    return n / (time.perf_counter() - start)

@@ -47,7 +47,7 @@ WIDE_HIDDEN = 8192  # a compute-bound variant: 32 MB first layer, ~1.5 ms per ba
 SECTION = "serve_http"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import argument_parser, save_results  # noqa: E402
+from common import argument_parser, requests_per_second, save_results  # noqa: E402
 
 
 def polycnn_model():
@@ -143,35 +143,12 @@ def bench_http_overhead(port: int, n: int, run_us: float) -> dict:
             "overhead_p99_ms": round(q[98] - run_ms, 3)}
 
 
-async def _connection(port: int, request: bytes, counter: list[int]) -> None:
-    """One keep-alive HTTP/1.1 connection sending ``request`` while ``counter[0] > 0`` (a client this thin
-    keeps the server, not the client, the bottleneck)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        while counter[0] > 0:
-            counter[0] -= 1
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = head.split(b" ", 2)[1]
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
-            await reader.readexactly(length)
-            if status != b"200":
-                raise RuntimeError(f"request failed with HTTP {status.decode()}")
-    finally:
-        writer.close()
-
 
 async def _throughput(port: int, model: str, n: int, concurrency: int) -> float:
     body, headers = binary_request()
     request = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
                + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
-    counter = [concurrency * 4]  # warm-up round
-    await asyncio.gather(*(_connection(port, request, counter) for _ in range(concurrency)))
-    counter = [n]
-    start = time.perf_counter()
-    await asyncio.gather(*(_connection(port, request, counter) for _ in range(concurrency)))
-    return n / (time.perf_counter() - start)
+    return await requests_per_second(port, request, n, concurrency)
 
 
 def bench_batching(port: int, model: str, n: int, concurrency: int = 16) -> dict:

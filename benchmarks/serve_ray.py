@@ -31,7 +31,7 @@ from veil.engine import ray_serve
 from veil.engine.toy import digits_model, write_repository
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import argument_parser, command_line, environment, save_results
+from common import argument_parser, command_line, environment, requests_per_second, save_results
 
 SECTION = "serve_ray"
 WIDE_HIDDEN = 8192  # as benchmarks/serve_http.py: a 32 MB first layer
@@ -54,31 +54,6 @@ def request_bytes(port: int, batch: int) -> bytes:
             ).encode() + body
 
 
-async def _connection(port: int, request: bytes, counter: list[int]) -> None:
-    """One keep-alive connection sending ``request`` while ``counter[0] > 0``."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        while counter[0] > 0:
-            counter[0] -= 1
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = head.split(b" ", 2)[1]
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
-            body = await reader.readexactly(length)
-            if status != b"200":
-                raise RuntimeError(f"request failed with HTTP {status.decode()}: {body[:200]!r}")
-    finally:
-        writer.close()
-
-
-async def throughput(port: int, request: bytes, n: int, concurrency: int) -> float:
-    counter = [concurrency * 4]  # warm-up
-    await asyncio.gather(*(_connection(port, request, counter) for _ in range(concurrency)))
-    counter = [n]
-    start = time.perf_counter()
-    await asyncio.gather(*(_connection(port, request, counter) for _ in range(concurrency)))
-    return n / (time.perf_counter() - start)
 
 
 def session_ms(path: Path, batch: int, reps: int) -> float:
@@ -136,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             request = request_bytes(port, args.batch)
             for replicas in (1, 2):
                 serve.run_many(ray_serve.app(repo, replicas=replicas, replica_cpus=1))
-                rate = asyncio.run(throughput(port, request, n, args.concurrency))
+                rate = asyncio.run(requests_per_second(port, request, n, args.concurrency))
                 runs.append({"replicas": replicas, "req_s": round(rate, 1), "samples_s": round(rate * args.batch, 1),
                              "per_replica": round(rate / replicas, 1)})
                 print(json.dumps(runs[-1]), file=sys.stderr)
