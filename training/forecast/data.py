@@ -86,8 +86,11 @@ def load_csv(path: str | Path, date_column: str | None = None, channels: list[st
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--data: expected a CSV file, {str(path)!r} does not exist")
-    with path.open(newline="") as handle:
-        rows = list(csv.reader(handle))
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = [row for row in csv.reader(handle) if any(cell.strip() for cell in row)]  # blank lines skipped
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"{path}: expected a UTF-8 CSV file, {exc}") from None
     if len(rows) < 2:
         raise ValueError(f"{path}: expected a header row and at least one data row, received {len(rows)} rows")
     header, body = [h.strip() for h in rows[0]], rows[1:]
@@ -108,8 +111,10 @@ def load_csv(path: str | Path, date_column: str | None = None, channels: list[st
         for j, col in enumerate(cols):
             try:
                 values[i, j] = float(row[col]) if row[col].strip() else math.nan
+                if math.isinf(values[i, j]):
+                    raise ValueError
             except ValueError:
-                raise ValueError(f"{path}: row {i + 2}, column {wanted[j]!r}: expected a number, received "
+                raise ValueError(f"{path}: row {i + 2}, column {wanted[j]!r}: expected a finite number, received "
                                  f"{row[col]!r}") from None
     dates = [row[header.index(date_column)] for row in body] if date_column else []
     return Series(_fill_gaps(values, str(path)), wanted, dates, path.stem)

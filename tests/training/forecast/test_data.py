@@ -27,7 +27,7 @@ def test_csv_date_column_channels_and_gaps(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("rows", "kwargs", "message"), [
-    ([["d", "x", 1]], {}, r"row 2, column 'OT': expected a number, received 'x'"),
+    ([["d", "x", 1]], {}, r"row 2, column 'OT': expected a finite number, received 'x'"),
     ([["d", 1]], {}, r"row 2 has 2 fields, expected 3"),
     ([["d", 1, 2]], {"channels": ["nope"]}, r"channels expected among \['OT', 'HUFL'\], received \['nope'\]"),
     ([["d", 1, 2]], {"date_column": "when"}, r"date column 'when' not in the header"),
