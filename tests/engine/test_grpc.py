@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 from veil.engine import proto
 from veil.engine.errors import QueueFull, grpc_code
@@ -231,3 +233,28 @@ def test_busy_grpc_port_fails_before_loading_models(tmp_path, monkeypatch, capsy
         busy.close()
     err = capsys.readouterr().err.strip()
     assert loads == [] and err.startswith(f"veil serve: cannot bind 127.0.0.1:{grpc_port}:")
+
+
+DATATYPES = ["FP32", "FP16", "FP64", "INT8", "INT32", "INT64", "UINT8", "BOOL", "BYTES", "BF16", "XX", ""]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=st.sampled_from(["affine", "dtypes", "nope", "", "../x"]), name=st.sampled_from(["x", "half", "", "y"]),
+       datatype=st.sampled_from(DATATYPES), shape=st.lists(st.integers(-3, 1 << 40), max_size=4),
+       raws=st.lists(st.binary(max_size=64), max_size=3), floats=st.lists(st.floats(width=32), max_size=9),
+       extra_inputs=st.integers(0, 2))
+def test_any_model_infer_request_is_answered_or_refused_with_a_client_code(
+        stub, model, name, datatype, shape, raws, floats, extra_inputs) -> None:
+    # ModelInfer is the parser an outsider reaches over gRPC: every request gets a response or a client-side code
+    # (never INTERNAL / UNKNOWN), and the server keeps serving
+    request = proto.msg.ModelInferRequest(model_name=model, raw_input_contents=raws)
+    for k in range(1 + extra_inputs):
+        tensor = request.inputs.add(name=name if k == 0 else f"{name}{k}", datatype=datatype, shape=shape)
+        if not raws:
+            tensor.contents.fp32_contents.extend(floats)
+    try:
+        stub["ModelInfer"](request, timeout=30)
+    except grpc.RpcError as err:
+        assert err.code() in {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED}, err.details()
+    assert stub["ServerLive"](proto.msg.ServerLiveRequest(), timeout=30).live
