@@ -20,6 +20,9 @@ from .functions import DEFAULT_OPSET, TRANSLATIONS, attach_functions
 from .swap import ExportError, swap_for_export
 
 EXPORTER = "torch.onnx.export(dynamo=True)"
+# Node metadata the exporter records that names files on the exporting machine: dropped, so that an export is a
+# function of the model (the same bytes from any checkout) and leaks no local paths into a published artifact.
+SOURCE_LOCATION_KEYS = frozenset({"pkg.torch.onnx.stack_trace"})
 
 
 @dataclass
@@ -38,6 +41,24 @@ def package_versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             continue
     return versions
+
+
+def strip_source_locations(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove ``SOURCE_LOCATION_KEYS`` from every node of the graph, its subgraphs and its functions (in place)."""
+    def clean(nodes) -> None:
+        for node in nodes:
+            kept = [p for p in node.metadata_props if p.key not in SOURCE_LOCATION_KEYS]
+            if len(kept) != len(node.metadata_props):
+                del node.metadata_props[:]
+                node.metadata_props.extend(kept)
+            for attribute in node.attribute:
+                for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    clean(graph.node)
+
+    clean(proto.graph.node)
+    for function in proto.functions:
+        clean(function.node)
+    return proto
 
 
 def export_graph(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], input_names: list[str],
@@ -70,7 +91,7 @@ def export_graph(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], inp
         except Exception as exc:  # the exporter's own errors are long; keep the first lines and re-raise typed
             summary = "\n".join(str(exc).splitlines()[:6])
             raise ExportError(f"torch.onnx.export(dynamo=True) failed for {type(model).__name__}: {summary}") from exc
-    proto = attach_functions(program.model_proto)
+    proto = strip_source_locations(attach_functions(program.model_proto))
     proto.producer_name = "veil"
     onnx.checker.check_model(proto, full_check=True)
     constraints = {str(k): str(v) for k, v in program.exported_program.range_constraints.items()}

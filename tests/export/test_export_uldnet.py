@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -179,3 +180,16 @@ def test_validation_inputs_are_rows_of_the_validation_split() -> None:
     assert all(np.any(np.all(x_val == row, axis=1)) for row in batch)
     make_normal, samples = _validation_inputs({"data": {"source": "npz:/data/mine.npz"}}, [1, 8, 8])
     assert samples == "standard normal" and make_normal(batch=2)["x"].shape == (2, 1, 8, 8)
+
+
+def test_export_records_no_local_source_paths() -> None:
+    """The exporter's stack traces name files on this machine: an export must be the same bytes from any checkout
+    (the codec's model id hashes them) and publish no local paths, so they are dropped, other node metadata kept."""
+    import veil
+
+    proto = export(calibrated(CONFIGS["cnn"]), [1, 8, 8])
+    keys = {p.key for n in proto.graph.node for p in n.metadata_props}
+    assert "pkg.torch.onnx.stack_trace" not in keys and "namespace" in keys
+    text = proto.SerializeToString()
+    for path in {str(Path(veil.__file__).resolve().parent.parent), str(Path(torch.__file__).resolve().parent)}:
+        assert path.encode() not in text
