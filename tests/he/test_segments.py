@@ -224,7 +224,7 @@ def test_encrypted_polycnn_with_refresh_matches_onnx_runtime() -> None:
     from veil.training.uldnet import load_digits_preset
 
     model = exported("cnn")
-    plan = compile_segmented(model, precision_bits=12, refresh=True, max_poly_modulus_degree=16384)
+    plan = compile_segmented(model, precision_bits=14, refresh=True, max_poly_modulus_degree=16384)
     assert plan.rounds >= 2 and all(p.parameters().poly_modulus_degree <= 16384 for p in plan.plans)
     x = load_digits_preset().x_test[:3].astype(np.float64)
     y = x
@@ -235,5 +235,6 @@ def test_encrypted_polycnn_with_refresh_matches_onnx_runtime() -> None:
         y = p.decode_outputs(ring.decrypt(out), len(x))
     expected = ort_run(model, x)
     scale = np.abs(expected).max()
+    # 12 bits left ~0.016 of the scale here (and once > 0.02 in CI); 14 bits leave ~0.003, a 6x margin
     assert np.abs(y - expected).max() < 0.02 * scale, (y, expected)
     assert np.array_equal(y.argmax(1), expected.argmax(1))
