@@ -129,7 +129,7 @@ class Plan:
         """Client side: the slot vectors to encrypt for a batch ``x`` of shape (B, *input shape).
 
         Latency: sample b in block b % capacity of vector b // capacity, feature f at slot
-        ``block * period + positions[f]`` (NCHW order), zeros elsewhere. Throughput: one vector per feature,
+        ``block * period + positions[f]`` (NCHW order, or the im2col patches ``gather`` names), zeros elsewhere. Throughput: one vector per feature,
         holding that feature of the B samples (B <= slots).
         """
         spec = self.spec["inputs"][0]
@@ -138,6 +138,9 @@ class Plan:
             raise ValueError(f"encode_inputs: `x` expected shape (B, {', '.join(map(str, spec['shape']))}), "
                              f"received {tuple(x.shape)}")
         flat = x.reshape(len(x), -1)  # (B, F)
+        if "gather" in spec:  # im2col patches of the first conv (compile's input_im2col): index -1 is padding
+            index = np.asarray(spec["gather"], dtype=np.int64)
+            flat = np.where(index >= 0, flat[:, np.maximum(index, 0)], 0.0)
         if self.mode == "latency":
             slots = self._latency_slots(spec, len(x))  # (B, F)
             vectors = np.zeros((self.ciphertexts_for(len(x)), self.slots))

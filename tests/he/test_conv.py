@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from veil.export import export_graph
 from veil.he.compile import compile
@@ -95,6 +97,9 @@ def build(name: str) -> nn.Module:
         "tutorial": lambda: [nn.Conv2d(1, 4, 3, stride=2, padding=1), Square(), nn.Flatten(), nn.Linear(64, 32),
                              Square(), nn.Linear(32, 10)],  # TenSEAL's tutorial CNN, scaled to 8 x 8 digits
         "conv_pair": lambda: [nn.Conv2d(1, 4, 3, padding=1), act(4), nn.Conv2d(4, 8, 3, padding=1), act(8), *gap],
+        # the digits-he PolyCNN's shape: a wide stride-2 stem, whose im2col patches (144) fit its output (256)
+        "stem16": lambda: [nn.Conv2d(1, 16, 3, stride=2, padding=1), act(16), nn.Conv2d(16, 16, 3, padding=1),
+                           act(16), nn.Flatten(), nn.Linear(256, 10)],
     }
     return nn.Sequential(*models[name]())
 
@@ -143,7 +148,8 @@ def encrypted(plan: Plan, x: np.ndarray) -> tuple[np.ndarray, list[int]]:
     return plan.decode_outputs(ring.decrypt(out), len(x)), recorder.steps
 
 
-NAMES = ["k1", "k3_1-4-8_gap", "k5_pad0", "k3_stride2", "avgpool", "residual", "polynorm", "centred", "tutorial"]
+NAMES = ["k1", "k3_1-4-8_gap", "k5_pad0", "k3_stride2", "avgpool", "residual", "polynorm", "centred", "tutorial",
+         "stem16"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -363,3 +369,43 @@ def test_polycnn_compiles_in_both_modes(mode: str) -> None:
     plan = compile(graph, mode=mode)
     x = np.random.default_rng(2).normal(size=(3, 1, 8, 8))
     np.testing.assert_allclose(simulate(plan, x), ort_run(graph, x), atol=5e-4, rtol=1e-3)
+
+
+def _stem_masks_and_plan_rotations(plan: Plan) -> tuple[int, int]:
+    stem = next(op for op in plan.ops if op["op"] == "linear")
+    return sum(len(p["offsets"]) for d in stem["diagonals"] if d for p in d if p), plan.spec["rotations"]["rotations"]
+
+
+def test_a_wide_stem_runs_on_client_im2col_patches() -> None:
+    # the stride-2 stem's offsets (o - c) * 16 + 4 i + j - 16 i' - ... are all distinct in place; on the
+    # client's patches (tap, i, j) the conv is a 1x1 channel mix: offsets (o - tap) * 16 only
+    model = exported("stem16")
+    patches, plain = compile(model, mode="latency"), compile(model, mode="latency", input_im2col=False)
+    assert "gather" in patches.spec["inputs"][0] and "gather" not in plain.spec["inputs"][0]
+    assert patches.spec["inputs"][0]["features"] == 9 * 16 and patches.spec["inputs"][0]["shape"] == [1, 8, 8]
+    assert patches.batch_capacity == plain.batch_capacity  # the patches fit the stem's own block
+    (masks, rotations), (plain_masks, plain_rotations) = map(_stem_masks_and_plan_rotations, (patches, plain))
+    assert masks < plain_masks / 4 and rotations < plain_rotations, (masks, plain_masks, rotations, plain_rotations)
+    x = np.random.default_rng(4).normal(size=(3, 1, 8, 8))
+    np.testing.assert_allclose(simulate(patches, x), simulate(plain, x), atol=1e-9)
+    # throughput mode (no rotations) and a narrow stem whose patches would grow the block keep the plain input
+    assert "gather" not in compile(model, mode="throughput").spec["inputs"][0]
+    assert "gather" not in compile(exported("k3_stride2"), mode="latency").spec["inputs"][0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(channels=st.integers(1, 3), size=st.integers(3, 7), kernel=st.integers(1, 3), stride=st.integers(1, 2),
+       pad=st.integers(0, 2), dilation=st.integers(1, 2))
+def test_im2col_gather_times_the_tap_weights_is_the_conv(channels, size, kernel, stride, pad, dilation) -> None:
+    from veil.he.compile import im2col_gather
+
+    if dilation * (kernel - 1) + 1 > size + 2 * pad:
+        return
+    rng = np.random.default_rng(channels * 100 + size)
+    x, w = rng.normal(size=(channels, size, size)), rng.normal(size=(2, channels, kernel, kernel))
+    index, (rows, oh, ow) = im2col_gather(x.shape, (kernel, kernel), (stride, stride), (pad,) * 4, (dilation,) * 2)
+    cols = np.where(index >= 0, x.reshape(-1)[np.maximum(index, 0)], 0.0).reshape(rows, oh * ow)
+    ours = (w.reshape(2, -1) @ cols).reshape(2, oh, ow)
+    conv = torch.nn.functional.conv2d(torch.from_numpy(x)[None], torch.from_numpy(w), stride=stride, padding=pad,
+                                      dilation=dilation)[0].numpy()
+    np.testing.assert_allclose(ours, conv, atol=1e-12)
