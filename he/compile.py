@@ -104,7 +104,7 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
     result = tensors.get(graph.output[0].name)
     if not isinstance(result, Affine):
         raise CompileError(f"compile: output {graph.output[0].name!r} does not depend on the input")
-    out = builder.linear(result, "output")
+    out = builder.materialize(result, "output")
     digest = hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
     return finish(builder, {"name": source.name, "value": "v0", "shape": list(shape),
                             **({"gather": gather} if gather is not None else {})},
@@ -167,8 +167,8 @@ def _lower(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str, np.n
         return
     if node.op_type in ("Mul", "Pow") and _is_product(node, tensors, consts):
         a, b = (tensors[node.input[0]], tensors[node.input[0]] if node.op_type == "Pow" else tensors[node.input[1]])
-        va = builder.linear(a, name)
-        vb = va if b is a else builder.linear(b, name)  # x * x: one linear op, then a square
+        va = builder.materialize(a, name)
+        vb = va if b is a else builder.materialize(b, name)  # x * x: one linear op, then a square
         value = builder.mul(va, vb, name)
         tensors[node.output[0]] = Affine({value: np.eye(a.features)}, np.zeros(a.features), a.shape)
         return
@@ -285,8 +285,7 @@ def _lower_veil(node: onnx.NodeProto, name: str, tensors: dict[str, Any], consts
     if node.op_type == "PolyAct":
         coeffs = consts[node.input[1]]  # (n + 1, 1, ...broadcast)
         per_feature = np.stack([np.broadcast_to(c, sample).reshape(-1) for c in coeffs]).astype(np.float64)
-        value = builder.polyact(x, per_feature, name)
-        return Affine({value: np.eye(x.features)}, np.zeros(x.features), x.shape)
+        return builder.polyact(x, per_feature, name)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     axes = sorted(int(a) % len(sample) for a in attrs["axes"])
     if axes != list(range(1, len(sample))):

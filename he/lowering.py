@@ -10,7 +10,9 @@ a plaintext multiply. Costs after the input's linear op (he.md §1.7):
                       (the dense centring matrix is never built: with s = kappa x and the broadcast
                       m = -kappa E[x], sum (kappa d)^2 = sum s^2 - n m^2 and kappa d g = s g + m g)
     PolyAct degree 1  0 levels  (leading coefficient folded into the producer)
-    PolyAct degree 2  1 level   y * (q2 y + q1) + q0, with q2 y a twin of y
+    PolyAct degree 2  1 level   q2 (y * (y + q1 / q2)) + q0, the gain q2 and q0 pending (a consumer's matrix
+                                absorbs them: no twin of y, whose masks would double its linear op's); the
+                                twin form y * (q2 y + q1) + q0 where q2 has zeros or |q1 / q2| > MAX_SHIFT
     PolyAct degree 3  2 levels  y^2 * (q3 y + q2) + (q1 y + q0)
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+MAX_SHIFT = 16.0  # |q1 / q2| above this (q2 near 0) would lift y + q1 / q2 out of the integer headroom: twin form
 
 @dataclasses.dataclass
 class Affine:
@@ -91,6 +94,18 @@ class Builder:
         self.ops.append(record)
         self.producer[out] = record
         return out
+
+    def materialize(self, expr: Affine, node: str) -> str:
+        """``expr`` as a value for a non-linear consumer: a gain over a product's value (a pending PolyAct) is
+        pushed into the product as a twin (0 levels, as :meth:`twin`), anything else is a linear op."""
+        diag = expr.diagonal()
+        if diag is not None and self.producer.get(diag[0], {}).get("op") == "mul":
+            value, gain = diag
+            if np.all(gain == 1.0) and not np.any(expr.bias):
+                return value
+            scaled = value if np.all(gain == 1.0) else self.twin(value, gain, node)
+            return self.add_const(scaled, expr.bias, node) if np.any(expr.bias) else scaled
+        return self.linear(expr, node)
 
     def linear(self, expr: Affine, node: str) -> str:
         """Materialize ``expr`` (1 level), or return its value when it is the identity on one value."""
@@ -190,8 +205,9 @@ class Builder:
         y = self.add(self.mul(s, g, node), self.mul(m, g, node), node)  # kappa d g; the 1 / kappa stays pending
         return Affine({y: np.diag(math.sqrt(mu / rv) * weight / kappa)}, bias.astype(np.float64), expr.shape)
 
-    def polyact(self, expr: Affine, coeffs: np.ndarray, node: str) -> str:
-        """sum_i coeffs[i] * x^i elementwise; coeffs (n + 1, F). A pending diagonal affine folds in."""
+    def polyact(self, expr: Affine, coeffs: np.ndarray, node: str) -> Affine:
+        """sum_i coeffs[i] * x^i elementwise; coeffs (n + 1, F). A pending diagonal affine folds in, and the
+        result may be pending too (degree 2: its leading gain and constant)."""
         degree = len(coeffs) - 1
         if not 1 <= degree <= 3:
             raise ValueError(f"PolyAct node {node!r}: expected degree 1..3, received {degree}")
@@ -201,13 +217,21 @@ class Builder:
         else:
             y, gain = diag
             q = _substitute(coeffs, gain, expr.bias)
+        n, shape = expr.features, expr.shape
+        if degree == 2 and self.values[y]["features"] == n and np.all(q[2] != 0) \
+                and np.abs(q[1] / np.where(q[2] != 0, q[2], 1.0)).max() <= MAX_SHIFT:
+            product = self.mul(y, self.add_const(y, q[1] / q[2], node), node)  # y (y + q1 / q2)
+            return Affine({product: np.diag(q[2])}, q[0].astype(np.float64), shape)
         if degree == 1:
-            return self.add_const(self.twin(y, q[1], node), q[0], node)
-        lead = self.add_const(self.twin(y, q[degree], node), q[degree - 1], node)  # q_n y + q_{n-1}
-        if degree == 2:
-            return self.add_const(self.mul(y, lead, node), q[0], node)
-        cubic = self.mul(self.mul(y, y, node), lead, node)
-        return self.add(cubic, self.add_const(self.twin(y, q[1], node), q[0], node), node)
+            value = self.add_const(self.twin(y, q[1], node), q[0], node)
+        else:
+            lead = self.add_const(self.twin(y, q[degree], node), q[degree - 1], node)  # q_n y + q_{n-1}
+            if degree == 2:
+                value = self.add_const(self.mul(y, lead, node), q[0], node)
+            else:
+                cubic = self.mul(self.mul(y, y, node), lead, node)
+                value = self.add(cubic, self.add_const(self.twin(y, q[1], node), q[0], node), node)
+        return Affine({value: np.eye(n)}, np.zeros(n), shape)
 
 
 def _substitute(coeffs: np.ndarray, gain: np.ndarray, shift: np.ndarray) -> np.ndarray:

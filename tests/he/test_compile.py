@@ -178,7 +178,7 @@ def _split(op: dict) -> dict:
     return {"modulus": op["split"]["modulus"], "signed": op["split"]["signed"]}
 
 
-# name -> levels: linear 1, PolyNorm 3 after its linear, PolyAct(2) 1, PolyAct(3) 2, PolyAct(1) 0 (twins)
+# name -> levels: linear 1, PolyNorm 3 after its linear, PolyAct(2) 1, PolyAct(3) 2, PolyAct(1) 0 (folded)
 LEVELS = {"mlp": 6, "conv": 3, "norm_conv": 5, "cubic": 5, "residual": 3}
 
 
@@ -195,8 +195,9 @@ def test_plan_matches_onnx_runtime(name: str, mode: str) -> None:
 def test_linear_ops_fold_into_one_affine_map() -> None:
     plan = compile(exported("conv"), mode="latency")
     linear = [op for op in plan.ops if op["op"] == "linear"]
-    # conv + its PolyAct twin share one op; pool + flatten + Linear fold into the last one
-    assert [len(op["outputs"]) for op in linear] == [2, 1]
+    # the conv is one output (PolyAct(2) is q2 y (y + q1 / q2) + q0: q2 and q0 fold into the head, no twin of
+    # the conv); pool + flatten + Linear + that gain fold into the last one
+    assert [len(op["outputs"]) for op in linear] == [1, 1]
     # the conv's outputs stay in place (2 channels x 64 slots); the head reads them where they are
     conv_out = plan.spec["values"][linear[0]["outputs"][0]]
     assert conv_out["positions"] == list(range(128)) and conv_out["grid"]["gap"] == 1

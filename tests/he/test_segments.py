@@ -94,8 +94,9 @@ def test_segments_each_fit_and_cover_the_levels() -> None:
     assert report["rounds"] == plan.rounds and report["cuts"] == plan.cuts
     assert report["unsegmented_levels"] == whole.levels and report["segment_levels_total"] == sum(levels)
     assert [s["levels"] for s in report["segments"]] == levels and "fewest" in report["why"]
-    # the cuts are where PolyAct ends a layer (a cut after a Gemm would pay one more level for its output)
-    assert all(c.startswith("poly_act") for c in plan.cuts)
+    # a cut costs at most the one level its output's materialization takes (here the cut after the first Gemm
+    # costs none: the next segment's PolyAct squares its fresh input with no linear op)
+    assert sum(levels) <= whole.levels + len(plan.cuts)
     # 3 layers of 2 levels + the head: no segmentation at N <= 8192 (3 levels at 20 bits) has fewer rounds
     assert plan.rounds == 3
 
