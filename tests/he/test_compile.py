@@ -264,3 +264,34 @@ def test_he_package_does_not_import_torch() -> None:
     code = ("import sys, veil.he.compile, veil.he.evaluate, veil.he.plan; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+class _SquareOf(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        y = self.inner(x)
+        return y * y
+
+
+@pytest.mark.parametrize("variant", ["folded", "zero_lead", "then_square"])
+def test_polyact_gain_folds_into_the_consumer_or_falls_back_to_a_twin(variant: str) -> None:
+    # PolyAct(2) = q2 y (y + q1/q2) + q0 with q2, q0 left for the next matrix; a channel with q2 = 0 takes the
+    # twin form (y (q2 y + q1) + q0, a second output of the conv); a product consumer gets the gain as a twin
+    torch.manual_seed(0)
+    act = poly_act(2, 2, channel_dim=1)
+    if variant == "zero_lead":
+        with torch.no_grad():
+            act.alpha[0, 2] = 0.0  # (channels, degree + 1): channel 0's x^2 coefficient
+    body = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), act)
+    model = nn.Sequential(_SquareOf(body), nn.Flatten(), nn.Linear(128, 10)) if variant == "then_square" else \
+        nn.Sequential(body, nn.Flatten(), nn.Linear(128, 10))
+    graph = export_graph(model.eval(), (torch.randn(4, 1, 8, 8),), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    plan = compile(graph, mode="latency")
+    conv = next(op for op in plan.ops if op["op"] == "linear")
+    assert len(conv["outputs"]) == (1 if variant == "folded" else 2)
+    assert plan.levels == (4 if variant == "then_square" else 3)  # conv, act, [square], head: the gain costs none
+    x = np.random.default_rng(2).normal(size=(3, 1, 8, 8))
+    np.testing.assert_allclose(simulate(plan, x), ort_run(graph, x), atol=2e-4, rtol=1e-4)
