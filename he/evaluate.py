@@ -21,7 +21,7 @@ import numpy as np
 import tenseal.sealapi as sa
 from veil.he.errors import MismatchError
 from veil.he.layout import split_background
-from veil.he.packing import decompose, residue, sum_steps, tile
+from veil.he.packing import decompose, fold_steps, residue, sum_steps, tile
 from veil.he.plan import Plan
 
 Ct = sa.Ciphertext
@@ -118,7 +118,8 @@ class PlanEvaluator:
                     for bias, row in zip(biases, op["weights"], strict=True)]
         modulus, signed = op["split"]["modulus"], op["split"]["signed"]
         outputs = []
-        for diagonals, broadcast, bias in zip(op["diagonals"], op["broadcast"], biases, strict=True):
+        folds = op.get("folds") or [None] * len(biases)
+        for diagonals, broadcast, bias, fold in zip(op["diagonals"], op["broadcast"], biases, folds, strict=True):
             terms = []  # (input index, baby step, giant step, plaintext)
             for k, part in enumerate(diagonals or []):
                 if part is None:
@@ -130,7 +131,8 @@ class PlanEvaluator:
                     terms.append((k, int(b), g, self._mask(tile(np.roll(mask, g), chain.slots), level - 1, q)))
             sums = [(k, chain.encode(tile(self.plan.tensors[t], chain.slots), level - 1, q))
                     for k, t in enumerate(broadcast or []) if t is not None]
-            outputs.append((terms, sums, chain.encode(tile(bias, chain.slots), level - 1, chain.scale * q)))
+            outputs.append((terms, sums, chain.encode(tile(bias, chain.slots), level - 1, chain.scale * q),
+                            fold_steps(fold)))
         return outputs
 
     def _mask(self, values: np.ndarray, level: int, scale: float) -> sa.Plaintext | tuple[np.ndarray, int, float]:
@@ -221,7 +223,7 @@ class PlanEvaluator:
         ev = self.chain.evaluator
         babies: dict[tuple[int, int], Ct] = {}
         results = []
-        for terms, sums, bias in outputs:
+        for terms, sums, bias, folding in outputs:
             giants: dict[int, Ct] = {}
             for k, b, g, pt in terms:
                 if (k, b) not in babies:
@@ -233,6 +235,8 @@ class PlanEvaluator:
             total = giants.pop(0, None)
             for g, partial in giants.items():
                 total = _accumulate(ev, total, self.rotate(partial, g, galois))
+            for step in folding:  # a folded output: its partial sums at p + k S added back to p
+                ev.add_inplace(total, self.rotate(total, step, galois))
             spread = None
             for k, pt in sums:
                 term = Ct()

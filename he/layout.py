@@ -14,6 +14,12 @@ Elementwise ops keep their input's layout; operands of a product or a sum share 
 values, so the first linear op of a group chooses for all). Flatten costs nothing: the head's masks read the
 positions the layout left the features in.
 
+A narrow output of a wide input (a dense head: 10 logits from 384 features) may be *folded* (Gazelle's hybrid
+method): output r accumulates its partial sums at ``p_r + k S`` (S a power of two past every output position,
+k chosen per entry so that the offset stays below S), and log2 K rotations by S, 2S, ... add them back to
+``p_r``: ~S masked diagonals instead of one per input position. The slots outside the positions then hold
+leftovers, so a value a sum of squares reads is never folded.
+
 A matrix whose columns are mostly one value (a PolyNorm centring ``A - 1 E[A]``, dense by construction) is
 split into its sparse part and a *broadcast* ``1 w^T``: the block sum of ``w (.) x`` (no level), which leaves
 non-zero leftovers outside the output's positions. Values a sum of squares reads must be *clean* (exactly
@@ -29,9 +35,10 @@ import math
 from typing import Any
 
 import numpy as np
-from veil.he.packing import best_split, block_vector, next_pow2, residue
+from veil.he.packing import best_split, block_vector, fold_steps, next_pow2, residue
 
 BACKGROUND = 0.5  # a column's most common value is broadcast when it fills at least this share of its rows
+PRODUCTS_PER_ROTATION = 20  # a plaintext product costs about 1/20 of a rotation (he.md §7: 0.4 vs 7.8 ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,9 +237,53 @@ def _plan_linear(index: int, op: dict[str, Any], builder, layouts: dict[str, Lay
                 if values[v]["features"] != len(layout.positions):
                     raise ValueError(f"op {index} at node {op['node']!r}: outputs of different sizes")
                 layouts[v] = layout
-    _, modulus, signed = _cost(layout, inputs, terms, op, values)
+    folds = _choose_folds(layout, inputs, terms, op, values, clean)
+    _, modulus, signed = _cost(layout, inputs, terms, op, values, folds)
     return {"terms": terms, "broadcast": any(w is not None for row in broadcast for w in row),
-            "weights": broadcast, "modulus": modulus, "signed": signed, "layout": layout}
+            "weights": broadcast, "modulus": modulus, "signed": signed, "layout": layout, "folds": folds}
+
+
+def _choose_folds(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any], values,
+                  clean: set[str]) -> list[tuple[int, int] | None]:
+    """Fold (stride S, count K) every eligible output when that costs less (rotations plus products / 20)."""
+    plain: list[tuple[int, int] | None] = [None] * len(op["outputs"])
+    if layout is None or layout.broadcast:
+        return plain
+    stride = next_pow2(int(layout.positions.max()) + 1)
+    reach = next_pow2(max(int(x.positions.max()) + 1 for x in inputs if not x.broadcast) if
+                      any(not x.broadcast for x in inputs) else 1)
+    count = reach // stride
+    eligible = [values[v]["features"] > 1 and v not in clean for v in op["outputs"]]
+    if count < 2 or not any(eligible):
+        return plain
+    folded = [(stride, count) if ok else None for ok in eligible]
+
+    def total(folds) -> float:
+        rotations = _cost(layout, inputs, terms, op, values, folds)[0]
+        return rotations + _products(layout, inputs, terms, op, values, folds) / PRODUCTS_PER_ROTATION
+
+    return folded if total(folded) < total(plain) else plain
+
+
+def fold_rows(rows: np.ndarray, sources: np.ndarray, fold: tuple[int, int] | None) -> np.ndarray:
+    """Where each entry's product accumulates: its output slot, or (folded) that slot plus k S, the k that
+    keeps the offset ``source - row`` in [0, S) where it can (0 .. K - 1)."""
+    if fold is None:
+        return rows
+    stride, count = fold
+    return rows + stride * np.clip((sources - rows) // stride, 0, count - 1)
+
+
+def _products(layout: Layout, inputs: list[Layout], terms, op: dict[str, Any], values, folds) -> int:
+    """Masked diagonals (one plaintext product each) of the op with ``folds``."""
+    count = 0
+    for out, row, fold in zip(op["outputs"], terms, folds, strict=True):
+        for i, (r, c, _) in enumerate(row):
+            if len(r):
+                rows = layout.positions[r] if values[out]["features"] > 1 else np.zeros(len(r), dtype=np.int64)
+                src = _sources(inputs[i], c, rows)
+                count += len(np.unique(src - fold_rows(rows, src, fold)))
+    return count
 
 
 def _block(layout: Layout, extent: int) -> int:
@@ -241,23 +292,28 @@ def _block(layout: Layout, extent: int) -> int:
     return next_pow2(max(extent, int(layout.positions.max()) + 1))
 
 
-def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any], values) -> tuple[int, int, bool]:
+def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any], values,
+          folds: list[tuple[int, int] | None] | None = None) -> tuple[int, int, bool]:
+    """(rotations, modulus, signed) of the op's cheapest baby-step / giant-step split, fold rotations included."""
+    folds = folds or [None] * len(op["outputs"])
     per_input: list[list[np.ndarray]] = [[] for _ in inputs]
     per_output: list[np.ndarray] = []
-    for out, row in zip(op["outputs"], terms, strict=True):
+    for out, row, fold in zip(op["outputs"], terms, folds, strict=True):
         deltas = []
         for i, (r, c, _) in enumerate(row):
             if not len(r):
                 continue
             rows = layout.positions[r] if values[out]["features"] > 1 else np.zeros(len(r), dtype=np.int64)
-            d = np.unique(_sources(inputs[i], c, rows) - rows)
+            src = _sources(inputs[i], c, rows)
+            d = np.unique(src - fold_rows(rows, src, fold))
             per_input[i].append(d)
             deltas.append(d)
         per_output.append(np.unique(np.concatenate(deltas)) if deltas else np.zeros(0, dtype=np.int64))
     strides = {g.channel_stride for g in [x.grid for x in inputs] + [layout.grid if layout else None] if g}
     strides |= {g.gap * g.row for g in [x.grid for x in inputs] if g}
     flat = [np.unique(np.concatenate(d)) if d else np.zeros(0, dtype=np.int64) for d in per_input]
-    return best_split(flat, per_output, strides)
+    rotations, modulus, signed = best_split(flat, per_output, strides)
+    return rotations + sum(len(fold_steps(f)) for f in folds), modulus, signed
 
 
 def _sources(layout: Layout, columns: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -307,7 +363,7 @@ def _pack_linear(op, plan, layouts, period, tensor, place, builder) -> dict[str,
     inputs = [layouts[v] for v in op["inputs"]]
     modulus, signed = plan["modulus"], plan["signed"]
     diagonals, broadcast, babies, giants = [], [], [set() for _ in inputs], []
-    for out, row, weights in zip(op["outputs"], plan["terms"], plan["weights"], strict=True):
+    for out, row, weights, fold in zip(op["outputs"], plan["terms"], plan["weights"], plan["folds"], strict=True):
         out_positions = layouts[out].positions if not layouts[out].broadcast else None
         diagonals.append([])
         giants.append(set())
@@ -316,7 +372,9 @@ def _pack_linear(op, plan, layouts, period, tensor, place, builder) -> dict[str,
                 diagonals[-1].append(None)
                 continue
             rows = out_positions[r] if out_positions is not None else np.zeros(len(r), dtype=np.int64)
-            deltas = _sources(inputs[i], c, rows) - rows
+            src = _sources(inputs[i], c, rows)
+            rows = fold_rows(rows, src, fold)
+            deltas = src - rows
             offsets, inverse = np.unique(deltas, return_inverse=True)
             masks = np.zeros((len(offsets), period))
             np.add.at(masks, (inverse, rows), vals)
@@ -331,6 +389,7 @@ def _pack_linear(op, plan, layouts, period, tensor, place, builder) -> dict[str,
         if diagonals[-1] is None and broadcast[-1] is None:
             raise ValueError(f"node {op['node']!r}: output {out} has no weights")
     return {"diagonals": diagonals, "broadcast": broadcast, "split": {"modulus": modulus, "signed": signed},
+            "folds": [list(f) if f else None for f in plan["folds"]],
             "baby_steps": [sorted(b) for b in babies], "giant_steps": [sorted(g) for g in giants],
             "biases": [tensor(place(builder.tensors[b], out)) for b, out in zip(op["biases"], op["outputs"],
                                                                                  strict=True)]}

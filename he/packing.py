@@ -86,6 +86,14 @@ def sum_steps(window: int) -> list[int]:
     return [1 << k for k in range(int(math.log2(window)))] + [-window]
 
 
+def fold_steps(fold: tuple[int, int] | list[int] | None) -> list[int]:
+    """The rotations that add a folded output's K partial sums back (he/layout.py): S, 2 S, ..., K S / 2."""
+    if not fold:
+        return []
+    stride, count = fold
+    return [int(stride) << k for k in range(int(math.log2(count)))]
+
+
 def block_vector(values: np.ndarray, positions: np.ndarray, period: int) -> np.ndarray:
     """A (period,) block with ``values`` at ``positions`` (a single value fills only its positions)."""
     out = np.zeros(period)
@@ -184,6 +192,8 @@ def rotation_uses(ops: list[dict]) -> Counter:
             for part in op["broadcast"]:
                 if part is not None:
                     uses.update(sum_steps(op["window"]))
+            for fold in op.get("folds") or []:
+                uses.update(fold_steps(fold))
         elif op["op"] == "sumsq":
             uses.update(sum_steps(op["window"]))
     return uses

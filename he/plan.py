@@ -32,7 +32,8 @@ from typing import Any, Literal
 import numpy as np
 
 Mode = Literal["latency", "throughput"]
-FORMAT = "veil.he.plan/2"
+FORMAT = "veil.he.plan/3"  # /3: linear ops may fold outputs (``folds``) and inputs may be im2col patches (``gather``)
+READABLE_FORMATS = ("veil.he.plan/2", FORMAT)  # a /2 plan has neither and runs unchanged
 JSON_NAME, WEIGHTS_NAME = "plan.json", "plan.safetensors"
 
 
@@ -117,8 +118,9 @@ class Plan:
 
         folder = Path(folder)
         spec = json.loads((folder / JSON_NAME).read_text())
-        if spec.get("format") != FORMAT:
-            raise ValueError(f"{folder / JSON_NAME}: expected format {FORMAT!r}, received {spec.get('format')!r}")
+        if spec.get("format") not in READABLE_FORMATS:
+            raise ValueError(f"{folder / JSON_NAME}: expected format one of {READABLE_FORMATS}, "
+                             f"received {spec.get('format')!r}")
         stored = spec.pop("plan_hash", None)
         plan = cls(spec, dict(load_file(str(folder / WEIGHTS_NAME))))
         if stored != plan.hash():

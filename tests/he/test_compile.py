@@ -16,7 +16,7 @@ from torch import nn
 from veil.export import export_graph
 from veil.he.compile import CompileError, compile
 from veil.he.errors import ParameterError
-from veil.he.packing import residue, rotation_uses, sum_steps, tile
+from veil.he.packing import fold_steps, residue, rotation_uses, sum_steps, tile
 from veil.he.plan import Plan
 from veil.training.uldnet import (
     ModelConfig,
@@ -144,7 +144,9 @@ def simulate_slots(plan: Plan, x: np.ndarray, uses: list[int] | None = None) -> 
         xs = [values[v] for v in op["inputs"]]
         if op["op"] == "linear":
             outs, babies = [], {}
-            for diagonals, broadcast, bias in zip(op["diagonals"], op["broadcast"], op["biases"], strict=True):
+            folds = op.get("folds") or [None] * len(op["biases"])
+            for diagonals, broadcast, bias, fold in zip(op["diagonals"], op["broadcast"], op["biases"], folds,
+                                                        strict=True):
                 giants: dict[int, np.ndarray] = {}
                 for k, part in enumerate(diagonals or []):
                     if part is None:
@@ -157,6 +159,8 @@ def simulate_slots(plan: Plan, x: np.ndarray, uses: list[int] | None = None) -> 
                             babies[k, int(b)] = rotate(xs[k], int(b)) if b else xs[k]
                         giants[g] = giants.get(g, 0) + tile(np.roll(mask, g), slots) * babies[k, int(b)]
                 total = giants.pop(0, 0) + sum(rotate(v, g) for g, v in giants.items())
+                for step in fold_steps(fold):
+                    total = total + rotate(total, step)
                 if broadcast:
                     total = total + spread(sum(tile(plan.tensors[t], slots) * xs[k] for k, t in enumerate(broadcast)
                                                if t is not None), op["window"])
@@ -245,6 +249,16 @@ def test_plan_save_load_round_trip_and_hash(tmp_path) -> None:
         '"levels": 6', '"levels": 5'))
     with pytest.raises(ValueError, match="plan_hash"):
         Plan.load(tmp_path / "plan")
+
+
+def test_plans_of_the_previous_format_load_and_unknown_formats_are_refused(tmp_path) -> None:
+    # a veil.he.plan/2 plan (no folds, no gather) still runs; an evaluator older than /3 refuses a /3 plan by
+    # its format instead of running its folds as if they were not there
+    plan = compile(exported("mlp"), mode="latency")
+    old = Plan({**plan.spec, "format": "veil.he.plan/2"}, plan.tensors)
+    assert Plan.load(old.save(tmp_path / "old")).spec["format"] == "veil.he.plan/2"
+    with pytest.raises(ValueError, match="expected format one of"):
+        Plan.load(Plan({**plan.spec, "format": "veil.he.plan/9"}, plan.tensors).save(tmp_path / "future"))
 
 
 def test_encode_decode_layouts() -> None:

@@ -409,3 +409,21 @@ def test_im2col_gather_times_the_tap_weights_is_the_conv(channels, size, kernel,
     conv = torch.nn.functional.conv2d(torch.from_numpy(x)[None], torch.from_numpy(w), stride=stride, padding=pad,
                                       dilation=dilation)[0].numpy()
     np.testing.assert_allclose(ours, conv, atol=1e-12)
+
+
+def test_a_dense_head_is_folded_and_a_squared_value_never_is() -> None:
+    # 10 logits from 256 features: partial sums at r + 16 k, 4 fold rotations (16, 32, 64, 128) add them back;
+    # one masked diagonal per offset in [-15, 15] instead of one per input position
+    plan = compile(exported("k1"), mode="latency")
+    head = [op for op in plan.ops if op["op"] == "linear"][-1]
+    assert head["folds"] == [[16, 16]]
+    assert sum(len(p["offsets"]) for p in head["diagonals"][0] if p) <= 31
+    assert {16, 32, 64, 128} <= set(plan.galois_steps)
+    x = np.random.default_rng(5).normal(size=(2, 1, 8, 8))
+    np.testing.assert_allclose(simulate(plan, x), _MODELS.ort_run(exported("k1"), x), atol=2e-4, rtol=1e-4)
+    # PolyNorm squares its input: the linear op producing it keeps exact zeros outside its positions
+    norm = compile(exported("polynorm"), mode="latency")
+    squared = {op["inputs"][0] for op in norm.ops if op["op"] == "sumsq"}
+    for op in norm.ops:
+        if op["op"] == "linear":
+            assert all(not f for v, f in zip(op["outputs"], op["folds"], strict=True) if v in squared)
