@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/veil demo
 
+# Test files are spread over TEST_WORKERS processes (pytest-xdist, whole files per worker); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu" --timeout=900
+	$(PY) -m pytest -q -m "not gpu" --timeout=900 -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu and not slow" --timeout=600
