@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -49,11 +48,11 @@ from .errors import (
 )
 from .protocol import (
     DATATYPES,
-    MAX_DIMS,
     InferRequest,
     InferResponse,
     InputTensor,
     _from_binary,
+    check_shape,
     encode_bytes,
 )
 
@@ -103,10 +102,7 @@ def decode_infer(request: Any) -> InferRequest:
         names.add(name)
         if datatype not in DATATYPES:
             raise DatatypeMismatch(f"input '{name}': datatype expected one of {list(DATATYPES)}, received {datatype!r}")
-        if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
-            raise ShapeMismatch(f"input '{name}': shape expected a list of at most {MAX_DIMS} non-negative integers, "
-                                f"received {shape}")
-        count = math.prod(shape)
+        count = check_shape(name, shape)
         if raw:
             if tensor.HasField("contents"):
                 raise MalformedRequest(f"input '{name}': expected raw_input_contents or contents, received both")

@@ -48,6 +48,9 @@ _JSON_KINDS = {"BOOL": "b", "FP32": "biuf", "FP64": "biuf", "BYTES": "U"} | {
 _LENGTH = struct.Struct("<I")
 _CHUNK = 65536  # top-level JSON list entries converted per numpy call
 MAX_DIMS = 32  # numpy's limit is 64 (32 before numpy 2); ONNX Runtime tensors stay far below either
+# the most elements the non-zero dims of a shape may multiply to: numpy refuses a larger shape even when another
+# dim is 0 (an empty tensor), so [0, 7920, 17059480, 17066276] must be refused here, not fail inside reshape
+MAX_SHAPE_ELEMENTS = 1 << 40
 
 
 def triton_to_datatype(triton_type: str) -> str:
@@ -228,6 +231,17 @@ def _valid_shape(shape: Any) -> bool:
         all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
 
 
+def check_shape(name: str, shape: Any) -> int:
+    """The element count of an input's declared shape, or ShapeMismatch naming the input (HTTP and gRPC)."""
+    if not _valid_shape(shape):
+        raise ShapeMismatch(f"input '{name}': shape expected a list of at most {MAX_DIMS} non-negative integers, "
+                            f"received {shape!r}")
+    if math.prod(d for d in shape if d) > MAX_SHAPE_ELEMENTS:
+        raise ShapeMismatch(f"input '{name}': shape {shape} expected its non-zero dims to multiply to at most "
+                            f"2^40 elements, received {math.prod(d for d in shape if d)}")
+    return math.prod(shape)
+
+
 def _decode_input(spec: Any, i: int, body: bytes, offset: int, json_length: int | None) -> tuple[InputTensor, int]:
     """One input from its JSON spec (and the binary section at ``offset``); returns it and the new offset."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
@@ -235,10 +249,7 @@ def _decode_input(spec: Any, i: int, body: bytes, offset: int, json_length: int 
     name, datatype, shape = spec["name"], spec.get("datatype"), spec.get("shape")
     if not isinstance(datatype, str) or datatype not in DATATYPES:  # {} or [] are unhashable: check the type first
         raise DatatypeMismatch(f"input '{name}': datatype expected one of {list(DATATYPES)}, received {datatype!r}")
-    if not _valid_shape(shape):
-        raise ShapeMismatch(f"input '{name}': shape expected a list of at most {MAX_DIMS} non-negative integers, "
-                            f"received {shape!r}")
-    count = math.prod(shape)
+    count = check_shape(name, shape)
     size = _object(spec.get("parameters", {}), f"input '{name}' parameters").get("binary_data_size")
     if size is not None:
         if json_length is None:

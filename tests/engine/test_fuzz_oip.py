@@ -174,3 +174,17 @@ def test_fuzz_pbtxt_raises_only_its_own_errors(text: str) -> None:
         parse_model_config(text)
     with contextlib.suppress(ValueError):  # PbtxtError, or a value veil refuses (both name the field)
         parse_config(text, "m")
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_an_empty_shape_whose_other_dims_overflow_is_a_400(fuzz_client, binary: bool) -> None:
+    # found by the gRPC fuzz test: [0, 7920, 17059480, 17066276] has 0 elements, but numpy refuses to reshape to it
+    # (the non-zero dims overflow), which was a 500
+    shape = [0, 7920, 17059480, 17066276]
+    spec = {"name": "x", "datatype": "FP32", "shape": shape,
+            **({"parameters": {"binary_data_size": 0}} if binary else {"data": []})}
+    header = json.dumps({"inputs": [spec]}).encode()
+    headers = {"Inference-Header-Content-Length": str(len(header))} if binary else {"Content-Type": "application/json"}
+    r = fuzz_client.post("/v2/models/affine/infer", content=header, headers=headers)
+    assert r.status_code == 400 and "2^40" in r.json()["error"], r.text
+    _still_serving(fuzz_client)
