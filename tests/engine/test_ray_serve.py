@@ -70,13 +70,15 @@ def _input(x: np.ndarray):
     return tensor
 
 
-def _replicas(url: str, want: int, timeout: float = 60.0, exclude: frozenset = frozenset()) -> list[dict]:
-    """The stats' replica entries once ``want`` replicas (not in ``exclude``) have answered (bounded wait)."""
+def _replicas(url: str, want: int, timeout: float = 60.0, exclude: frozenset = frozenset(),
+              successes: int = 0) -> list[dict]:
+    """The stats' replica entries once ``want`` replicas (not in ``exclude``) have answered and their reports
+    add up to ``successes`` (each replica reports every REPORT_S: the last answers lag; bounded wait)."""
     deadline = time.monotonic() + timeout
     while True:
         stats = httpx.get(f"http://{url}/v2/models/wide/stats", timeout=10).json()["model_stats"][0]
         rows = [r for r in stats["replicas"] if r["replica"] not in exclude and r["inference_count"] > 0]
-        if len(rows) >= want or time.monotonic() > deadline:
+        if (len(rows) >= want and sum(r["success_count"] for r in rows) >= successes) or time.monotonic() > deadline:
             return rows
         time.sleep(ray_serve.REPORT_S)
 
@@ -93,7 +95,7 @@ def test_two_replicas_answer_stock_tritonclient(cluster):
     for _ in range(24):
         result = client.infer("wide", [_input(x)])
         np.testing.assert_allclose(result.as_numpy("logits"), expected, rtol=1e-5, atol=1e-5)
-    rows = _replicas(url, 2)
+    rows = _replicas(url, 2, successes=24)
     assert len(rows) == 2, rows  # both replicas answered, and the summed stats say so
     total = httpx.get(f"http://{url}/v2/models/wide/stats", timeout=10).json()["model_stats"][0]
     assert total["inference_stats"]["success"]["count"] == sum(r["success_count"] for r in total["replicas"]) >= 24
