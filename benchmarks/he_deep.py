@@ -237,7 +237,10 @@ def markdown(report: dict[str, Any]) -> str:
         + (f"; digits PolyViT {report['vit_config']} ({report['vit_epochs']} epochs)" if report.get("vit") else "")
         + ". Test images through `veil serve` and `HeSession`, as many per request as one ciphertext of every "
         f"segment holds; seconds are per image (median over requests). {report['precision_bits']} bits of precision"
-        + (f", segments limited to N <= {report['max_n']}" if report["max_n"] else "") + ".", "",
+        + (f", segments limited to N <= {report['max_n']}" if report["max_n"] else "") + "."
+        + "".join(f" The {label} row is carried over from the previous run ({previous['command']!r}, "
+                  f"{previous['date']}), not measured in this one." for label, previous in report.get("carried", {}).items()),
+        "",
         "| model | levels (unsegmented) | rounds | cuts | segments (levels @ N) | images | argmax agreement vs ORT | "
         "accuracy enc / plain | s/image total | server | client refresh | network | encrypt+decrypt | max abs logit err |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -273,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vit-epochs", type=int, default=100, help="PolyViT training epochs (cached)")
     parser.add_argument("--skip-cnn", action="store_true", help="only the PolyViT row (reads the PolyCNN row from "
                         "the previous docs/results/he_deep.json)")
+    parser.add_argument("--skip-vit", action="store_true", help="only the PolyCNN row (reads the PolyViT row from "
+                        "the previous docs/results/he_deep.json)")
     parser.add_argument("--encoded-mb", type=int, default=512, help="per segment, masks encoded at load up to this "
                         "size (the rest at each use; server and client share this machine's memory)")
     args = parser.parse_args(argv)
@@ -287,13 +292,19 @@ def main(argv: list[str] | None = None) -> int:
                   "arch": args.arch, "width": width,
                   "epochs": args.epochs, "precision_bits": args.precision_bits, "max_n": args.max_n,
                   "vit_config": {**HE_VIT, "width": args.vit_width}, "vit_epochs": args.vit_epochs}
+        previous = json.loads((args.out / "results" / "he_deep.json").read_text()) \
+            if args.skip_cnn or args.skip_vit else {}
+        carried = {"command": previous.get("command"), "date": previous.get("environment", {}).get("date")}
         if args.skip_cnn:
-            previous = json.loads((args.out / "results" / "he_deep.json").read_text())
             report.update({k: previous[k] for k in ("cnn", "arch", "width", "epochs") if k in previous})
+            report.setdefault("carried", {})["PolyCNN"] = carried
         else:
             report["cnn"] = run_encrypted(checkpoint(cache, args.arch, width, args.epochs), Path(tmp) / "cnn",
                                           args.arch, args.images, args.precision_bits, args.max_n)
-        if args.vit_width:
+        if args.skip_vit:
+            report.update({k: previous[k] for k in ("vit", "vit_config", "vit_epochs") if k in previous})
+            report.setdefault("carried", {})["PolyViT"] = carried
+        elif args.vit_width:
             report["vit"] = run_encrypted(vit_checkpoint(cache, args.vit_width, args.vit_epochs), Path(tmp) / "vit",
                                           "vit", args.images, args.precision_bits, args.max_n or 16384)
     if args.ring_65536:
