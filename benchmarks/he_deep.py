@@ -297,13 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         carried = {"command": previous.get("command"), "date": previous.get("environment", {}).get("date")}
         if args.skip_cnn:
             report.update({k: previous[k] for k in ("cnn", "arch", "width", "epochs") if k in previous})
-            report.setdefault("carried", {})["PolyCNN"] = carried
+            report.setdefault("carried", {})["PolyCNN"] = previous.get("carried", {}).get("PolyCNN", carried)
         else:
             report["cnn"] = run_encrypted(checkpoint(cache, args.arch, width, args.epochs), Path(tmp) / "cnn",
                                           args.arch, args.images, args.precision_bits, args.max_n)
         if args.skip_vit:
             report.update({k: previous[k] for k in ("vit", "vit_config", "vit_epochs") if k in previous})
-            report.setdefault("carried", {})["PolyViT"] = carried
+            report.setdefault("carried", {})["PolyViT"] = previous.get("carried", {}).get("PolyViT", carried)
         elif args.vit_width:
             report["vit"] = run_encrypted(vit_checkpoint(cache, args.vit_width, args.vit_epochs), Path(tmp) / "vit",
                                           "vit", args.images, args.precision_bits, args.max_n or 16384)
