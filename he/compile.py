@@ -27,7 +27,7 @@ from onnx.reference import ReferenceEvaluator
 from veil.he.errors import HEError, ParameterError
 from veil.he.layout import pack_latency
 from veil.he.lowering import Affine, Builder
-from veil.he.packing import key_manifest, parse_key_mode, rotation_counts, rotation_uses
+from veil.he.packing import key_manifest, next_pow2, parse_key_mode, rotation_counts, rotation_uses
 from veil.he.plan import FORMAT, Mode, Plan
 
 
@@ -225,12 +225,11 @@ def _lower_gathered_conv(node: onnx.NodeProto, tensors: dict[str, Any], consts: 
     kernel = tuple(weight.shape[2:])
     index, patch_shape = im2col_gather(x.shape, kernel, tuple(attrs.get("strides", (1, 1))),
                                        tuple(attrs.get("pads", (0, 0, 0, 0))), tuple(attrs.get("dilations", (1, 1))))
-    out_features = weight.shape[0] * int(np.prod(patch_shape[1:]))
-    if _pow2(len(index)) > _pow2(max(x.features, out_features)):  # patches would grow the conv's block: fewer
-        return None                                                # images per ciphertext than they save
+    out_channels, positions = weight.shape[0], int(np.prod(patch_shape[1:]))
+    if next_pow2(len(index)) > next_pow2(max(x.features, out_channels * positions)):  # patches would grow the
+        return None                                            # conv's block: fewer images per ciphertext
     conv = _affine_node(node, node.name or node.output[0], x, node.input[0], consts, opsets)
     (value, dense), = conv.terms.items()
-    out_channels, positions = weight.shape[0], int(np.prod(patch_shape[1:]))
     rows = np.arange(out_channels)[:, None] * positions + np.arange(len(index))[None, :] % positions  # (O, cols)
     cols = np.broadcast_to(np.arange(len(index)), rows.shape)
     valid = np.broadcast_to(index >= 0, rows.shape)
@@ -243,10 +242,6 @@ def _lower_gathered_conv(node: onnx.NodeProto, tensors: dict[str, Any], consts: 
     builder.values[value].update(features=len(index), shape=list(patch_shape))
     tensors[node.output[0]] = Affine({value: patches}, conv.bias, conv.shape)
     return index.tolist()
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _broadcast(x: Affine, shape: tuple[int, ...], gain: float) -> Affine:

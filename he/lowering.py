@@ -26,6 +26,7 @@ import numpy as np
 
 MAX_SHIFT = 16.0  # |q1 / q2| above this (q2 near 0) would lift y + q1 / q2 out of the integer headroom: twin form
 
+
 @dataclasses.dataclass
 class Affine:
     """A pending tensor ``sum_v terms[v] @ value_v + bias`` of per-sample shape ``shape``."""
