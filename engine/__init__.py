@@ -8,7 +8,8 @@ Plaintext serving (`veil serve --repo DIR`, docs/serving.md), one module per job
     batcher     Triton-style dynamic batching (one asyncio loop per model)
     dataplane   the model registry and protocol-agnostic inference
     protocol    OIP v2 tensors on the wire: JSON and Triton's binary extension
-    http        route functions; server: wiring and uvicorn; cli: the `veil serve` verb
+    http        route functions; server: wiring and uvicorn; server_config: its settings (torch/ORT-free);
+                cli: the `veil serve` verb
     repository  Triton model repository and config.pbtxt (pbtxt: the text-format parser)
     metrics     Prometheus /metrics and Triton /stats; errors: exception classes and HTTP handlers
     toy         tiny ONNX models and repositories for tests, examples and benchmarks

@@ -18,7 +18,7 @@ import sys
 
 from veil.config import ConfigError
 
-from .server import ServeError, ServerConfig, serve
+from .server_config import ServerConfig
 
 EXAMPLE = """example:
   veil serve --repo models/ --port 8000 --grpc-port 8001
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    from .server import ServeError, serve  # fastapi and onnxruntime: imported once the server starts
+
     if ray is not None:
         from .ray_serve import serve_ray
 

@@ -11,6 +11,7 @@ is dynamic per-channel quantization of the fused graph, judged by cosine similar
 from __future__ import annotations
 
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from veil.training.encoder import (  # noqa: F401  (re-exported: the encoder exp
     sample_sentences,
 )
 
+from .attention_fusion import canonicalize_bert_attention
 from .onnx_export import export_graph
 from .quantize import quantize_dynamic_int8
 from .repository import TensorSpec, write_model
@@ -36,20 +38,36 @@ from .validate import cpu_session, validate_export
 DYNAMIC = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
 
 
-def fuse_transformer(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, dict[str, int]]:
-    """ORT's transformer optimizer (BERT fusions) on an inlined graph; returns the graph and fused-op counts."""
+def fuse_transformer(model: onnx.ModelProto, config: Any, multi_head: bool = False) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """ORT's transformer optimizer (BERT fusions) on an inlined, canonicalized graph; the graph and fused-op counts.
+
+    ``canonicalize_bert_attention`` first puts the transformers-5 attention scores into the classic BERT form ORT
+    matches (see export/attention_fusion.py), so each layer fuses into ``com.microsoft.Attention`` (packed QKV
+    GEMM) or, with ``multi_head``, ``MultiHeadAttention`` (Q/K/V projections stay MatMuls, which dynamic int8
+    quantizes). ORT's symbolic shape inference is turned off: it fails on the L2-normalize tail (ReduceL2 with
+    axes as an input) and, failed, makes SkipLayerNormalization bail in every layer; unchecked, that fusion
+    takes the residual Add's inputs to have one shape, true of every BERT block and checked by ``validate_export``.
+    """
     from onnx.inliner import inline_local_functions
     from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.fusion_options import FusionOptions
 
+    canonical, _ = canonicalize_bert_attention(inline_local_functions(model), config.hidden_size // config.num_attention_heads)
+    canonical.producer_name = "pytorch"  # the optimizer picks its BERT patterns by producer
+    options = FusionOptions("bert")
+    options.enable_shape_inference = False
+    options.use_multi_head_attention = multi_head
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "in.onnx"
-        inlined = inline_local_functions(model)
-        inlined.producer_name = "pytorch"  # the optimizer picks its BERT patterns by producer
-        onnx.save_model(inlined, str(src))
+        onnx.save_model(canonical, str(src))
         fused = optimizer.optimize_model(str(src), model_type="bert", num_heads=config.num_attention_heads,
-                                         hidden_size=config.hidden_size, opt_level=1)
+                                         hidden_size=config.hidden_size, opt_level=1, optimization_options=options)
         counts = {k: int(v) for k, v in fused.get_fused_operator_statistics().items() if v}
-        return fused.model, counts
+    attention = counts.get("MultiHeadAttention" if multi_head else "Attention", 0)
+    if attention != config.num_hidden_layers:
+        warnings.warn(f"attention fusion: expected {config.num_hidden_layers} fused attention ops (one a layer), "
+                      f"received {attention}; fused ops {counts}", stacklevel=2)
+    return fused.model, counts
 
 
 def export_sentence_encoder(source: str, repo: str | Path, name: str | None = None, version: int = 1,

@@ -20,16 +20,7 @@ from pathlib import Path
 
 from veil.config import ConfigError, atomic_dir
 
-from .. import distributed
-from .finetune import (
-    BUNDLED_MINILM,
-    MINILM_HUB_ID,
-    OPTIMIZER_LR,
-    FinetuneConfig,
-    build_classifier,
-    make_batches,
-    train,
-)
+from .finetune_config import BUNDLED_MINILM, MINILM_HUB_ID, OPTIMIZER_LR, FinetuneConfig
 from .workloads import (
     DIGITS_TASK,
     VIT_DIGITS,
@@ -96,6 +87,8 @@ def run(argv: list[str] | None = None) -> dict:
         parser.error(str(exc))
     model_name = args.model or (VIT_DIGITS if cfg.task == DIGITS_TASK else BUNDLED_MINILM)
     check_workload(parser, cfg, model_name)
+    from .. import distributed  # torch: imported once the command runs (the parser needs none of it)
+
     runner = run_digits if cfg.task == DIGITS_TASK else run_text
     distributed.setup()  # under torchrun: DDP over --nproc_per_node processes (training/distributed.py)
     model, metrics, extra, cfg = runner(parser, args, cfg, model_name)  # cfg: with the workload's defaults
@@ -131,6 +124,7 @@ def inject_or_exit(parser: argparse.ArgumentParser, base, adapter_cfg, method: s
 def run_text(parser: argparse.ArgumentParser, args, cfg: FinetuneConfig, model_name: str):
     """MiniLM (or a local encoder) + mean-pool head on a templated task."""
     from .data import make_task
+    from .finetune import build_classifier, make_batches, train
 
     task = make_task(cfg.task, (cfg.train_size, cfg.val_size, cfg.test_size), seed=cfg.seed)
     base, tokenizer = build_classifier(model_name, len(task.label_names), cfg.seed)
@@ -183,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics = run(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): the caller exits
         return exc.code if isinstance(exc.code, int) else 2
+    from .. import distributed
+
     if distributed.is_main():
         print(json.dumps(metrics, indent=2))
     distributed.teardown()

@@ -9,6 +9,7 @@ optimizers and the compression stages). A lookup imports the method's package if
 from __future__ import annotations
 
 import enum
+import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,11 +33,22 @@ class AdapterMethod(str, enum.Enum):
 
 @dataclass(frozen=True)
 class MethodEntry:
-    """What a registered method provides: its config class and its model (injector) class."""
+    """What a registered method provides: its config class and its model (injector) class.
+
+    The model class may be given as ``"module:Class"``: a method package then registers without importing its
+    torch layers, so parsers built from the configs (``veil finetune --help``) stay torch-free (issue 24).
+    """
 
     method: AdapterMethod
     config_cls: type[AdapterConfig]
-    model_cls: type[AdapterModel]
+    model: type[AdapterModel] | str
+
+    @property
+    def model_cls(self) -> type[AdapterModel]:
+        if not isinstance(self.model, str):
+            return self.model
+        module, _, name = self.model.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
 METHODS: Registry[MethodEntry] = Registry(
@@ -44,8 +56,9 @@ METHODS: Registry[MethodEntry] = Registry(
     where="AdapterMethod in training/adapters/registry.py")
 
 
-def register_method(*, name: str, config_cls: type[AdapterConfig], model_cls: type[AdapterModel]) -> None:
-    """Register one adapter method (called from the method package's ``__init__``).
+def register_method(*, name: str, config_cls: type[AdapterConfig], model_cls: type[AdapterModel] | str) -> None:
+    """Register one adapter method (called from the method package's ``__init__``); ``model_cls`` is the class or
+    its ``"module:Class"`` path (imported on first use).
 
     Raises:
         veil.config.RegistryError: ``name`` is not lower case, not an ``AdapterMethod`` member, or already

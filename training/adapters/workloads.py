@@ -14,15 +14,16 @@ import json
 import time
 import typing
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from veil.config import ConfigError
 
 from .config import AdapterConfig
 from .registry import AdapterMethod, get_method
+
+if TYPE_CHECKING:  # torch is imported by the functions that train (the parser's flags need none of it)
+    import torch
+    from torch import nn
 
 METHOD_CHOICES = [m.value for m in AdapterMethod] + ["probe"]
 TEXT_TASKS = ["sentiment", "number", "topic"]
@@ -114,6 +115,8 @@ def default_targets(cfg, args: argparse.Namespace, vit: bool = False) -> list[st
 
 def e2lora_plan(base: nn.Module, config, batch: dict[str, torch.Tensor], forward) -> AdapterConfig:
     """E²LoRA's planning pass (``plan_sharing``) on one training batch; ``forward(model, batch)`` gives logits."""
+    from torch import nn
+
     from .e2lora import plan_sharing
 
     def loss_fn(model: nn.Module) -> torch.Tensor:
@@ -136,6 +139,7 @@ def save_adapter(folder: Path, model: nn.Module) -> None:
 # -- the digits workload --------------------------------------------------------------------------------------------
 def build_vit_digits(cfg) -> tuple[nn.Module, dict[str, Any]]:
     """The tiny ViT pre-trained (seeded) on digits 0–4 with a fresh 5-class head for 5–9, and its pre-train accuracy."""
+    import torch
     from transformers import ViTConfig, ViTForImageClassification
 
     from .vapt.digits import TINY_VIT, accuracy, digit_split, fit
@@ -156,6 +160,8 @@ def vit_logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor
 
 def train_digits(model: nn.Module, cfg, lr: float, progress: bool = True) -> dict[str, Any]:
     """Adapt to digits 5–9 (relabelled 0–4): AdamW, ``cfg.batch_size``, cross-entropy + ``aux_loss()``."""
+    import torch
+    from torch import nn
     from tqdm import tqdm
 
     from .. import distributed

@@ -15,9 +15,14 @@ from __future__ import annotations
 
 from veil.he.recommend_spec import PaveVector, SpecFormatError, SpecMismatch, check_comparable, rank_models
 
-from .base import SpecBase, projection, weights_sha256
+from veil.config import lazy_exports
+
 from .config import PaveConfig
-from .fit import classifier_predictor, fit_vector, model_spec, user_spec
+
+# the torch parts load on first use (`veil recommend --help` needs none of them)
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "SpecBase": ".base", "projection": ".base", "weights_sha256": ".base", "classifier_predictor": ".fit",
+    "fit_vector": ".fit", "model_spec": ".fit", "user_spec": ".fit"})
 
 __all__ = ["PaveConfig", "PaveVector", "SpecBase", "SpecFormatError", "SpecMismatch", "check_comparable",
            "classifier_predictor", "fit_vector", "model_spec", "projection", "rank_models", "user_spec",

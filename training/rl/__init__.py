@@ -11,10 +11,15 @@ Example:
 
 from __future__ import annotations
 
-from . import toy  # noqa: F401  (registers the "sort" reward)
+from veil.config import lazy_exports
+
+from . import sort_task  # noqa: F401  (registers the "sort" reward)
 from .config import PRESETS, GrpoConfig
 from .rewards import REWARDS, get_reward, register_reward
-from .trainer import Batch, GrpoTrainer, adapters_disabled, evaluate
+
+# the trainer loads torch on first use: the command's parser and the reward registry need none of it
+__getattr__, __dir__ = lazy_exports(__name__, {name: ".trainer" for name in
+                                               ("Batch", "GrpoTrainer", "adapters_disabled", "evaluate")})
 
 __all__ = ["PRESETS", "REWARDS", "Batch", "GrpoConfig", "GrpoTrainer", "adapters_disabled", "evaluate",
            "get_reward", "register_reward"]

@@ -19,14 +19,15 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from .config import PRESETS, GrpoConfig
 from .rewards import get_reward
-from .toy import EOS, PAD, ToySortConfig, build_policy, sample_prompts, warm_start
+from .sort_task import EOS, PAD, ToySortConfig
+
+if TYPE_CHECKING:  # torch is imported once the command runs (the parser needs none of it)
+    import torch
+    from torch import nn
 
 EXAMPLE = """example:
   veil train rl --method ar_lopti --steps 100 --out runs/rl-sort
@@ -77,6 +78,10 @@ def _load_reward(args: argparse.Namespace) -> str:
 
 def _policy_and_prompts(args: argparse.Namespace, task: ToySortConfig) -> tuple[nn.Module, Any, int, int, dict]:
     """(policy, prompt sampler(n, generator), eos id, pad id, description of the source)."""
+    import torch
+
+    from .toy import build_policy, sample_prompts, warm_start
+
     if args.model is None:
         policy = build_policy(task, args.seed)
         warm_start(policy, task, args.seed)
@@ -101,13 +106,14 @@ def _policy_and_prompts(args: argparse.Namespace, task: ToySortConfig) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # --help and usage errors exit here, before torch is imported
+    import torch
     from tqdm import tqdm
     from veil.training.adapters import LoraConfig, inject
     from veil.training.checkpoint import save_checkpoint
 
     from .trainer import GrpoTrainer
 
-    args = build_parser().parse_args(argv)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     task = ToySortConfig.from_args(args, prefix="toy-")
