@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from veil.he.recommend_spec import ADAPTER_SPEC_DIR, SPEC_FILE
 
 from veil.config import atomic_dir
 
@@ -88,9 +89,12 @@ def model_folder(repo: str | Path, name: str, version: int, drop: tuple[str, ...
     ``config.pbtxt`` and ``veil.json`` into them; on exit the folder replaces the old one
     (:func:`veil.config.atomic_dir`), on an error the old one stays. The other versions' files are hard links
     (nothing big is copied; a version folder is never written into once published); the model's own files are
-    copies, so writing over one cannot change the published model.
+    copies, so writing over one cannot change the published model. PAVE specs (``pave.json``, ``pave/``) are
+    never carried over: they describe the model an export wrote, so a re-export without ``--spec`` must not
+    leave the old model's spec to be ranked for the new one (``write_spec`` adds the new one after the publish).
     """
     final = Path(repo) / name
+    drop = (*drop, SPEC_FILE, ADAPTER_SPEC_DIR)
     with atomic_dir(final) as folder:
         if final.is_dir():
             for entry in final.iterdir():

@@ -80,3 +80,21 @@ def test_model_level_files_are_published_with_the_model_and_replace_the_old_ones
     model = tmp_path / "repo" / "m"
     assert sorted(p.name for p in (model / "adapters").iterdir()) == ["b.onnx_adapter"]  # the old set is replaced
     assert (model / "config.pbtxt").read_text().endswith("# two\n")
+
+
+def test_a_re_export_without_a_spec_drops_the_old_models_pave_specs(tmp_path: Path) -> None:
+    """A spec describes the model the export wrote; before, a re-export without --spec kept the old pave.json and
+    pave/<adapter>.json, and POST /v2/recommend ranked the new model by the old model's vector (issue 22)."""
+    import numpy as np
+    from veil.export.spec import write_spec
+    from veil.he.recommend_spec import PaveVector, spec_paths
+
+    ident = {"base": "b", "base_sha256": "0" * 64, "projection_seed": 1, "rank": 2}
+    write_model(tmp_path, "m", 1, identity(), *SPECS, {"kind": "test"})
+    write_spec(tmp_path, "m", PaveVector("model", ident, np.ones(3)))
+    write_spec(tmp_path, "m", PaveVector("model", ident, np.ones(3)), adapter="a")
+    assert [name for name, _ in spec_paths(tmp_path, "m")] == ["m", "m:a"]
+    write_model(tmp_path, "m", 2, identity(), *SPECS, {"kind": "test"})
+    assert spec_paths(tmp_path, "m") == [] and not (tmp_path / "m" / "pave").exists()
+    assert (tmp_path / "m" / "1" / "model.onnx").is_file()  # the other version is kept
+    assert "pave_spec" not in json.loads((tmp_path / "m" / "veil.json").read_text())
