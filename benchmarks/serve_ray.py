@@ -1,4 +1,5 @@
-"""Ray Serve scale-out: throughput of 2 replicas against 1 on a compute-bound model, through Ray's HTTP proxy.
+"""Ray Serve scale-out: throughput of 2 replicas against 1 on a compute-bound model, through Ray's HTTP proxy;
+and one encrypted request's ciphertexts fanned out over 2 Ray workers against the replica alone.
 
 The repository holds `wide` (``veil.engine.toy.digits_model`` with a wide hidden layer: compute-bound). A local
 Ray cluster (``num_cpus`` = this machine's cores) serves it with ``veil.engine.ray_serve.app``: first 1 replica,
@@ -6,6 +7,13 @@ then 2 (each replica reserves 1 CPU and runs ONNX Runtime on 1 thread), and the 
 client (binary tensor extension, batch-``--batch`` requests, ``--concurrency`` connections) measures requests
 per second through Ray's proxy in the same run. Target (issue 20): 2 replicas >= 1.6x one replica.
 The client, Ray's proxy and the replicas share the machine's cores.
+
+HE fan-out (``--he-workers``, veil.engine.he_fanout): the digits-he PolyCNN (``DIGITS_HE_PRESETS["cnn"]``, trained
+for ``--he-epochs`` only: the cost of an evaluation does not depend on the weights) exported as a latency HE plan
+with pow2 rotation keys, served by 1 replica; a ``HeSession`` registers its keys through the proxy and sends
+requests of ``--he-ciphertexts`` ciphertexts (8 images each); wall time per request with 0 workers (the replica
+evaluates every ciphertext) and with 2 workers (two chunks evaluated at once), interleaved, decrypted results
+checked against ONNX Runtime on the same images.
 
 Commands:
     python benchmarks/serve_ray.py            # docs/results.md section "serve_ray", docs/results/serve_ray.json
@@ -29,6 +37,7 @@ import ray
 from ray import serve
 from veil.engine import ray_serve
 from veil.engine.toy import digits_model, write_repository
+from veil.he.envelope import open_envelope
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, requests_per_second, save_results
@@ -70,6 +79,58 @@ def session_ms(path: Path, batch: int, reps: int) -> float:
     return float(np.median(times))
 
 
+def he_repository(root: Path, epochs: int) -> Path:
+    """The digits-he PolyCNN (short training, seeded) as plain ONNX (``plain``) and a latency HE plan (``digits-he``)."""
+    from veil.export import export_uldnet
+    from veil.export.he import export_he
+    from veil.training.uldnet import ModelConfig, TrainConfig, load_digits_preset, save_uldnet, train_uldnet
+    from veil.training.uldnet.config import DIGITS_HE_PRESETS
+
+    data, preset = load_digits_preset(), DIGITS_HE_PRESETS["cnn"]
+    recipe = {**preset["train"], "epochs": epochs, "warmup_epochs": min(1, epochs - 1)}
+    result = train_uldnet(ModelConfig(input_shape=data.input_shape, **preset["model"]),
+                          TrainConfig(**recipe, seed=0, threads=1), data, progress=False)
+    save_uldnet(result, root / "ck", data)
+    export_uldnet(root / "ck", root / "repo", name="plain")
+    export_he(root / "ck", root / "repo", "digits-he", mode="latency", rotation_keys="pow2")
+    return root / "repo"
+
+
+def bench_he_fanout(port: int, repo: Path, keyring: Path, ciphertexts: int, rounds: int) -> dict:
+    """Wall seconds per request of ``ciphertexts`` ciphertexts, 0 vs 2 workers (a fresh deployment each time)."""
+    from veil.he.client import HeSession
+    from veil.training.uldnet import load_digits_preset
+
+    x_all = load_digits_preset().x_test
+    plain = ort.InferenceSession(str(repo / "plain" / "1" / "model.onnx"))
+    times: dict[int, list[float]] = {0: [], 2: []}
+    session, errors, agree, server = None, [], [], {0: [], 2: []}
+    for r in range(rounds):
+        for workers in (0, 2):
+            serve.run_many(ray_serve.app(repo, replicas=1, replica_cpus=1, he_workers=workers, he_worker_cpus=1))
+            if session is None:  # keys registered once, through the proxy, into the replicas' shared key folder
+                session = HeSession.create(f"http://127.0.0.1:{port}", "digits-he", keyring)
+                capacity = session.layout(0).batch_capacity
+                x = x_all[:ciphertexts * capacity]
+                reference = plain.run(None, {"x": x})[0]
+            envelope = session.encrypt(x)
+            session.infer(session.encrypt(x[:capacity]))  # warm: the workers load the plan and the keys
+            start = time.perf_counter()
+            result = session.infer(envelope)
+            times[workers].append(time.perf_counter() - start)
+            server[workers].append(open_envelope(result, expect_kind="result").meta["server_seconds"])
+            logits = session.decrypt(result)
+            errors.append(float(np.abs(logits - reference).max()))
+            agree.append(float((logits.argmax(1) == reference.argmax(1)).mean()))
+            print(json.dumps({"round": r, "workers": workers, "seconds": round(times[workers][-1], 2)}), file=sys.stderr)
+    median = {w: float(np.median(t)) for w, t in times.items()}
+    return {"ciphertexts": ciphertexts, "images": len(x), "rounds": rounds,
+            "seconds_per_request": {str(w): round(v, 2) for w, v in median.items()},
+            "server_seconds": {str(w): round(float(np.median(v)), 2) for w, v in server.items()},
+            "speedup": round(median[0] / median[2], 2), "max_abs_logit_error": max(errors),
+            "argmax_agreement": min(agree)}
+
+
 def markdown(results: dict, command: str) -> str:
     env, rows = results["environment"], results["runs"]
     table = "\n".join(f"| {r['replicas']} | {r['req_s']} | {r['samples_s']} | {r['per_replica']} |" for r in rows)
@@ -86,7 +147,29 @@ setting; each replica reserves 1 CPU and runs ONNX Runtime on 1 thread. One requ
 |---|---|---|---|
 {table}
 
-Speed-up of 2 replicas over 1: **{results['speedup']}x** (target >= 1.6x: {'met' if results['speedup'] >= 1.6 else 'missed'})."""
+Speed-up of 2 replicas over 1: **{results['speedup']}x** (target >= 1.6x: {'met' if results['speedup'] >= 1.6 else 'missed'}).
+{he_markdown(results.get('he_fanout'))}"""
+
+
+def he_markdown(he: dict | None) -> str:
+    if he is None:
+        return ""
+    t, srv = he["seconds_per_request"], he["server_seconds"]
+    return f"""
+### Encrypted inference fanned out over Ray workers (`--he-workers`)
+
+The digits-he PolyCNN latency plan (pow2 keys) on 1 replica; one request = {he['ciphertexts']} ciphertexts
+({he['images']} test images), {he['rounds']} interleaved rounds per setting, wall time through Ray's proxy (client
+encryption excluded, the client's own decryption too).
+
+| workers | seconds per request | server seconds (evaluation) |
+|---|---|---|
+| 0 (the replica evaluates all) | {t['0']} | {srv['0']} |
+| 2 (two chunks at once) | {t['2']} | {srv['2']} |
+
+Speed-up with 2 workers: **{he['speedup']}x** on this 2-core machine (client, proxy and workers share the cores);
+decrypted logits vs ONNX Runtime: max error {he['max_abs_logit_error']:.2e}, argmax agreement
+{100 * he['argmax_agreement']:.0f} %."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: few requests")
     parser.add_argument("--batch", type=int, default=8, help="samples per request")
     parser.add_argument("--concurrency", type=int, default=8, help="client connections")
+    parser.add_argument("--he-ciphertexts", type=int, default=8, help="ciphertexts per encrypted request")
+    parser.add_argument("--he-rounds", type=int, default=3, help="encrypted requests timed per setting")
+    parser.add_argument("--he-epochs", type=int, default=2, help="training epochs of the digits-he PolyCNN")
+    parser.add_argument("--skip-he", action="store_true", help="only the replica scale-out part")
     args = parser.parse_args(argv)
     n = 40 if args.quick else 400
     load = round(os.getloadavg()[0], 2)
@@ -102,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         run_ms = session_ms(repo / "wide" / "1" / "model.onnx", args.batch, 10 if args.quick else 50)
         # Ray renices its workers by +15: under `nice -n 10` the replicas (19) would starve beside the client (10)
         os.environ.setdefault("RAY_worker_niceness", "0")
-        ray.init(num_cpus=max(os.cpu_count() or 2, 2), include_dashboard=False, log_to_driver=False,
-                 object_store_memory=200 * 2**20)
+        # logical CPUs: the HE part reserves 1 replica + 2 workers (the replica waits while they evaluate)
+        ray.init(num_cpus=max(os.cpu_count() or 2, 2) + 1, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=1024 * 2**20)  # a key upload passes through it (front -> replica)
         port = free_port()
         runs = []
         try:
@@ -115,11 +203,19 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"replicas": replicas, "req_s": round(rate, 1), "samples_s": round(rate * args.batch, 1),
                              "per_replica": round(rate / replicas, 1)})
                 print(json.dumps(runs[-1]), file=sys.stderr)
+            for target in ray_serve.app(repo, replicas=1):
+                serve.delete(target.name)
+            he = None
+            if not args.skip_he:
+                he_repo = he_repository(Path(tmp) / "he", 1 if args.quick else args.he_epochs)
+                he = bench_he_fanout(port, he_repo, Path(tmp) / "he" / "k.keyring",
+                                     2 if args.quick else args.he_ciphertexts, 1 if args.quick else args.he_rounds)
         finally:
             serve.shutdown()
             ray.shutdown()
     results = {"runs": runs, "speedup": round(runs[1]["req_s"] / runs[0]["req_s"], 2), "batch": args.batch,
                "concurrency": args.concurrency, "requests": n, "session_ms": round(run_ms, 3), "load_before": load,
+               **({"he_fanout": he} if he is not None else {}),
                "environment": environment(ray=ray.__version__, onnxruntime=ort.__version__)}
     save_results(args.out, SECTION, results, markdown(results, command_line(__file__, argv)))
     print(json.dumps(results, indent=2))

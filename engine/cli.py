@@ -42,6 +42,9 @@ def build_parser(prog: str = "veil serve") -> argparse.ArgumentParser:
     ray.add_argument("--target-ongoing-requests", type=float, help="autoscaling target per replica (default: 4)")
     ray.add_argument("--replica-cpus", type=float, help="CPUs (and ONNX Runtime threads) per replica (default: 1)")
     ray.add_argument("--max-ongoing-requests", type=int, help="requests one replica takes at once (default: 32)")
+    ray.add_argument("--he-workers", type=int, help="Ray actors each HE model replica splits a multi-ciphertext "
+                     "request over (default: 0, none)")
+    ray.add_argument("--he-worker-cpus", type=float, help="CPUs each HE evaluation worker reserves (default: 1)")
     return parser
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("veil.engine")
 CIPHERTEXT = "ciphertext"
 DEFAULT_MAX_CIPHERTEXTS = 8  # latency mode: ciphertexts per request; each costs one full evaluation
+# (segment index, key id, key secret, one serialized ciphertext chunk per worker) -> each chunk's results, in order
+FanOut = Callable[[int, str, str, list[bytes]], list[bytes]]
 
 
 class Stage:
@@ -79,6 +82,10 @@ class HeModel:
         self.manifest, self.keystore = manifest, plane.keystore()
         self.ready, self.session, self.scheduler = False, None, None  # no ORT session, no batcher
         self.metrics: ModelMetrics | None = None
+        # set by a deployment with evaluation workers (veil.engine.ray_serve, --he-workers): a latency request's
+        # ciphertexts are independent, so chunks of them evaluate on the workers at once; None: all here
+        self.fan_out: FanOut | None = None
+        self.fan_out_workers = 0
         self.inputs = {CIPHERTEXT: TensorConfig(CIPHERTEXT, "BYTES", [1])}
         self.outputs = {CIPHERTEXT: TensorConfig(CIPHERTEXT, "BYTES", [1])}
 
@@ -173,7 +180,7 @@ class HeModel:
             cts = ciphertexts_from_bytes(stage.params, envelope.payload, max_count=stage.max_ciphertexts, fresh=True)
             start = time.perf_counter()
             try:
-                result = stage.evaluator.run(cts, keys)
+                result = self._run(stage, cts, keys, key_id, feeds["key_secret"])
             except HEError:
                 raise
             except (RuntimeError, ValueError) as exc:  # SEAL's refusals of ciphertexts that passed every check
@@ -193,6 +200,21 @@ class HeModel:
             meta |= {"request_id": ticket.request_id, "plan_hash": self.plan_hash}
         return seal_envelope(payload, kind="result", key_id=key_id, params_hash=stage.params_hash,
                              plan_hash=stage.plan_hash, meta=meta)
+
+    def _run(self, stage: Stage, cts: list[Any], keys: Any, key_id: str, key_secret: str) -> list[Any]:
+        """The plan on ``cts``: here, or split into contiguous chunks over the fan-out workers (latency mode with
+        more than one ciphertext; a throughput request's ciphertexts are one computation and stay here)."""
+        if self.fan_out is None or stage.plan.mode != "latency" or len(cts) < 2 or self.fan_out_workers < 2:
+            return stage.evaluator.run(cts, keys)
+        chunks = np.array_split(np.arange(len(cts)), min(self.fan_out_workers, len(cts)))
+        payloads = [ciphertexts_to_bytes([cts[i] for i in chunk]) for chunk in chunks]
+        results = self.fan_out(stage.index, key_id, key_secret, payloads)
+        out = [ciphertexts_from_bytes(stage.params, data, max_count=len(chunk)) for data, chunk in
+               zip(results, chunks, strict=True)]
+        if [len(part) for part in out] != [len(chunk) for chunk in chunks]:  # one result per ciphertext
+            raise RuntimeError(f"HE fan-out: expected {[len(c) for c in chunks]} ciphertexts back, received "
+                               f"{[len(part) for part in out]}")
+        return [ct for part in out for ct in part]
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """OIP metadata plus what a client needs: parameters, key manifest, hashes and the plan's layout."""

@@ -80,6 +80,8 @@ class RayConfig(Config):
         target_ongoing_requests (float): autoscaling target of in-flight requests per replica.
         replica_cpus (float): CPUs each model replica reserves (and ONNX Runtime threads, rounded up).
         max_ongoing_requests (int): requests one replica takes at once; Ray queues the rest.
+        he_workers (int): evaluation workers per HE model replica (veil.engine.he_fanout); 0: none.
+        he_worker_cpus (float): CPUs each HE evaluation worker reserves.
     """
 
     ray_address: str = field("", "Ray cluster to join ('auto', 'ray://HOST:10001'); empty: start a local one")
@@ -89,6 +91,9 @@ class RayConfig(Config):
     target_ongoing_requests: float = field(4.0, "autoscaling target: in-flight requests per replica")
     replica_cpus: float = field(1.0, "CPUs each model replica reserves (ONNX Runtime gets as many threads)")
     max_ongoing_requests: int = field(32, "requests one replica takes at once (Ray queues the rest)")
+    he_workers: int = field(0, "Ray actors each HE model replica splits a multi-ciphertext latency request over "
+                               "(0: the replica evaluates everything itself)")
+    he_worker_cpus: float = field(1.0, "CPUs each HE evaluation worker reserves")
 
     def validate(self) -> None:
         if self.replicas < 0 or self.min_replicas < 0 or self.max_replicas < 0:
@@ -100,6 +105,9 @@ class RayConfig(Config):
         if self.replicas and self.max_replicas:
             raise ConfigError("RayConfig: expected either --replicas (fixed) or --max-replicas (autoscaling), "
                               f"received both ({self.replicas} and {self.max_replicas})")
+        if self.he_workers < 0 or self.he_worker_cpus <= 0:
+            raise ConfigError(f"RayConfig: expected he_workers >= 0 and he_worker_cpus > 0, received "
+                              f"{self.he_workers} and {self.he_worker_cpus}")
         if self.replica_cpus <= 0 or self.max_ongoing_requests < 1 or self.target_ongoing_requests <= 0:
             raise ConfigError(f"RayConfig: expected replica_cpus > 0, max_ongoing_requests >= 1 and "
                               f"target_ongoing_requests > 0, received {self.replica_cpus}, "
@@ -201,8 +209,9 @@ class _ModelASGI:
 class VeilModel:
     """One replica of one model: veil's FastAPI app with that model loaded (warm-up included)."""
 
-    def __init__(self, config: dict[str, Any], name: str) -> None:
+    def __init__(self, config: dict[str, Any], name: str, he_workers: int = 0, he_worker_cpus: float = 1.0) -> None:
         self.config, self.name = ServerConfig.from_dict(config), check_model_name(name)
+        self.he_workers, self.he_worker_cpus = he_workers, he_worker_cpus
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.board = serve.get_deployment_handle(FRONT, app_name=FRONT_APP)
         self._reporter: asyncio.Task | None = None
@@ -210,7 +219,25 @@ class VeilModel:
 
     def __serve_build_asgi_app__(self) -> _ModelASGI:
         self.veil = create_app(self.config, models=[self.name])  # not `app`: Ray's wrapper owns that name
+        if self.he_workers:
+            self._start_he_workers()
         return _ModelASGI(self.veil, self)
+
+    def _start_he_workers(self) -> None:
+        """Give every loaded HE version of this model its evaluation workers (veil.engine.he_fanout)."""
+        from .he_fanout import WorkerPool
+        from .he_model import HeModel
+
+        for model in self.plane.models.get(self.name, {}).values():
+            if isinstance(model, HeModel):
+                model.fan_out = WorkerPool(str(model.path.parent), self.config.to_dict(), self.he_workers,
+                                           self.he_worker_cpus)
+                model.fan_out_workers = self.he_workers
+
+    async def he_worker_stats(self) -> list[dict[str, Any]]:
+        """Per HE version: its workers' pids and ciphertext counts (empty without --he-workers)."""
+        pools = [m.fan_out for m in self.plane.models.get(self.name, {}).values() if getattr(m, "fan_out", None)]
+        return [row for pool in pools for row in await asyncio.to_thread(pool.stats)]
 
     @property
     def plane(self) -> Any:
@@ -435,7 +462,8 @@ def _json(content: Any, status_code: int = 200) -> Response:
 def model_target(config: ServerConfig, ray: RayConfig, model: str) -> RunTarget:
     """The Serve application of one model (``config`` as :func:`replica_config` made it)."""
     deployment = serve.deployment(VeilModel, name="VeilModel", **deployment_options(Path(config.repo), model, ray))
-    return RunTarget(target=deployment.bind(config.to_dict(), model), name=model_app_name(model),
+    return RunTarget(target=deployment.bind(config.to_dict(), model, ray.he_workers, ray.he_worker_cpus),
+                     name=model_app_name(model),
                      route_prefix=f"/v2/models/{model}")
 
 

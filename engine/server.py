@@ -29,7 +29,8 @@ from .metrics import Metrics
 from .server_config import ServerConfig
 
 
-def _keystore(config: ServerConfig):  # -> veil.he.keystore.KeyStore
+def open_keystore(config: ServerConfig):  # -> veil.he.keystore.KeyStore
+    """The server's HE key store (``he_key_dir``, default ``<repo>/.he-keys``) with the configured bounds."""
     from veil.he.keystore import KeyStore
 
     root = Path(config.he_key_dir) if config.he_key_dir else Path(config.repo) / ".he-keys"
@@ -46,7 +47,7 @@ def create_app(config: ServerConfig, models: list[str] | None = None) -> FastAPI
     """
     logging.getLogger("veil.engine").setLevel(config.log_level.upper())
     metrics = Metrics()
-    plane = DataPlane(Path(config.repo), config.runtime_options(), metrics, keystore=lambda: _keystore(config))
+    plane = DataPlane(Path(config.repo), config.runtime_options(), metrics, keystore=lambda: open_keystore(config))
     plane.load_all(models)
 
     @contextlib.asynccontextmanager

@@ -1,0 +1,86 @@
+"""Encrypted inference fanned out over Ray actors (veil.engine.he_fanout, issue 20 §3): a local Ray cluster on
+loopback, started and stopped in this module; `veil serve`'s HTTP front with the HE model's ciphertext chunks
+evaluated by two worker processes."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from veil.engine.he_fanout import WorkerPool  # noqa: E402
+from veil.export import export_uldnet  # noqa: E402
+from veil.export.he import export_he  # noqa: E402
+from veil.he.client import HeSession  # noqa: E402
+from veil.he.envelope import open_envelope  # noqa: E402
+from veil.training.uldnet import ModelConfig, TrainConfig, save_uldnet, train_uldnet  # noqa: E402
+from veil.training.uldnet.data import split_stratified  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def he_repo(tmp_path_factory):
+    """A tiny 6-feature PolyMLP as plain ONNX and as a latency HE plan."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 40)
+    x = rng.normal(size=(120, 6)).astype(np.float32)
+    x[np.arange(120), y] += 3.0
+    data = split_stratified(x, y, ["a", "b", "c"], "test")
+    result = train_uldnet(ModelConfig(arch="mlp", input_shape=[6], num_classes=3, width=8),
+                          TrainConfig(epochs=4, warmup_epochs=1, lr=1e-2, batch_size=16), data, progress=False)
+    root = tmp_path_factory.mktemp("ray-he")
+    save_uldnet(result, root / "ck", data)
+    export_uldnet(root / "ck", root / "repo", name="plain")
+    export_he(root / "ck", root / "repo", "tiny-he", mode="latency")
+    return root / "repo"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ.setdefault("RAY_worker_niceness", "0")  # see test_ray_serve.py
+    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_a_multi_ciphertext_request_is_split_over_two_workers_and_matches_plaintext(he_repo, cluster, oip,
+                                                                                     tmp_path) -> None:
+    config = oip.make_config(he_repo)
+    with oip.live_server(config) as (url, server):
+        model = server.config.app.state.dataplane.get_model("tiny-he")
+        pool = WorkerPool(str(model.path.parent), config.to_dict(), workers=2, cpus=0.5)
+        model.fan_out, model.fan_out_workers = pool, 2  # what a Ray Serve replica with --he-workers 2 sets
+        session = HeSession.create(f"http://{url}", "tiny-he", tmp_path / "k.keyring")
+        capacity = session.layout(0).batch_capacity
+        x = np.random.default_rng(1).normal(size=(3 * capacity + 1, 6)).astype(np.float32)  # 4 ciphertexts
+        result = session.infer(session.encrypt(x))
+        logits = session.decrypt(result)
+    expected = ort.InferenceSession(str(he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    assert np.abs(logits - expected).max() < 1e-2 and np.array_equal(logits.argmax(1), expected.argmax(1))
+    assert open_envelope(result, expect_kind="result").meta["ciphertexts"] == 4
+    stats = pool.stats()
+    assert sorted(s["ciphertexts"] for s in stats) == [2, 2]  # chunks of 2 + 2, one per worker
+    assert len({s["pid"] for s in stats} | {os.getpid()}) == 3  # two worker processes besides this one
+
+
+def test_a_worker_checks_the_key_owner_again(he_repo, cluster, oip, tmp_path) -> None:
+    """The replica checked the secret; a worker called directly (any caller of the actor) checks it too."""
+    from veil.he.errors import HEError
+
+    config = oip.make_config(he_repo)
+    with oip.live_server(config) as (url, server):
+        model = server.config.app.state.dataplane.get_model("tiny-he")
+        session = HeSession.create(f"http://{url}", "tiny-he", tmp_path / "k.keyring")
+    payload = open_envelope(session.encrypt(np.zeros((1, 6), np.float32)), expect_kind="request").payload
+    pool = WorkerPool(str(model.path.parent), config.to_dict(), workers=1, cpus=0.5)
+    with pytest.raises(HEError):
+        pool(0, session.key_id, "not-the-secret", [payload])
+    assert len(pool(0, session.key_id, session.key_secret, [payload])) > 0
