@@ -43,7 +43,7 @@ def he_repo(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster():
     os.environ.setdefault("RAY_worker_niceness", "0")  # see test_ray_serve.py
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=4, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
         yield
@@ -84,3 +84,27 @@ def test_a_worker_checks_the_key_owner_again(he_repo, cluster, oip, tmp_path) ->
     with pytest.raises(HEError):
         pool(0, session.key_id, "not-the-secret", [payload])
     assert len(pool(0, session.key_id, session.key_secret, [payload])) > 0
+
+
+def test_veil_serve_ray_with_he_workers_splits_requests(he_repo, cluster, tmp_path) -> None:
+    """The Ray Serve wiring (`veil serve --ray --he-workers 2`): the replica starts its workers and uses them."""
+    import socket
+
+    from ray import serve
+    from veil.engine import ray_serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run_many(ray_serve.app(he_repo, replicas=1, replica_cpus=0.5, he_workers=2, he_worker_cpus=0.25))
+        session = HeSession.create(f"http://127.0.0.1:{port}", "tiny-he", tmp_path / "k.keyring")
+        x = np.random.default_rng(2).normal(size=(2 * session.layout(0).batch_capacity, 6)).astype(np.float32)
+        logits = session.decrypt(session.infer(session.encrypt(x)))
+        stats = serve.get_app_handle(ray_serve.model_app_name("tiny-he")).he_worker_stats.remote().result()
+    finally:
+        serve.shutdown()
+    expected = ort.InferenceSession(str(he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    assert np.abs(logits - expected).max() < 1e-2
+    assert [s["ciphertexts"] for s in stats] == [1, 1]
