@@ -1,9 +1,11 @@
 """all-MiniLM-L6-v2 on CPU: PyTorch eager vs ONNX Runtime fp32 (plain, fused) vs int8, interleaved in one run.
 
-Exports the bundled model with veil's exporter, applies ORT's transformer fusions, quantizes (dynamic int8,
-per-channel and, for comparison, ORT's default per-tensor), then times every variant on the same inputs,
-round-robin, at batch 1 and 8 and sequence 128, and measures int8 quality as the cosine to fp32 on real
-sentences. Writes docs/results/export_minilm.json and the export_minilm section of docs/results.md.
+Exports the bundled model with veil's exporter, applies ORT's transformer fusions as the export does (attention
+as ``Attention`` for fp32, as ``MultiHeadAttention`` under int8), quantizes (dynamic int8, per-channel and, for
+comparison, ORT's default per-tensor), then times every variant on the same inputs, round-robin, at batch 1 and 8
+and sequence 128, and measures int8 quality as the cosine to fp32 on real sentences. Checks the issue's target
+(fp32 with fusions >= 1.8x PyTorch eager at batch 8) and records the load average, since the cores may be shared.
+Writes docs/results/export_minilm.json and the export_minilm section of docs/results.md.
 
     python benchmarks/export_minilm.py               # 30 timed rounds per setting
     python benchmarks/export_minilm.py --rounds 3 --out /tmp/docs   # smoke run
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_results
 
 ROOT = Path(__file__).resolve().parents[1]
+TARGET = 1.8  # issue 20 section 2b: ORT fp32 with fusions vs PyTorch eager at batch 8, sequence 128
 
 
 def session(model, threads: int) -> ort.InferenceSession:
@@ -54,16 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     args = parser.parse_args(argv)
     threads = torch.get_num_threads()
+    load_before = os.getloadavg()[0]
 
     folder = resolve_encoder("bundled:all-MiniLM-L6-v2")
     model, config = load_sentence_encoder(folder)
     example = random_tokens(config.vocab_size, 2, 16)
     plain = export_graph(model, tuple(example.values()), list(example), ["sentence_embedding"], DYNAMIC).model
     fused, counts = fuse_transformer(plain, config)
+    fused_mha, counts_mha = fuse_transformer(plain, config, multi_head=True)
     variants = {"ort_fp32": session(plain, threads), "ort_fp32_fused": session(fused, threads),
-                "ort_int8": session(quantize_dynamic_int8(fused, per_channel=True), threads),
-                "ort_int8_per_tensor": session(quantize_dynamic_int8(fused, per_channel=False), threads)}
-    quality = {name: embedding_agreement(variants["ort_fp32_fused"], variants[name], folder)
+                "ort_fp32_fused_mha": session(fused_mha, threads),
+                "ort_int8": session(quantize_dynamic_int8(fused_mha, per_channel=True), threads),
+                "ort_int8_per_tensor": session(quantize_dynamic_int8(fused_mha, per_channel=False), threads)}
+    quality = {name: embedding_agreement(variants["ort_fp32_fused_mha"], variants[name], folder)
                for name in ("ort_int8", "ort_int8_per_tensor")}
 
     results = {}
@@ -91,9 +98,14 @@ def main(argv: list[str] | None = None) -> int:
                                     "speedup_vs_torch": {n: medians["torch_eager"] / v for n, v in medians.items()}}
         print(f"batch {batch}: " + ", ".join(f"{n} {v:.2f} ms" for n, v in medians.items()), file=sys.stderr)
 
+    speedup = results["batch8"]["speedup_vs_torch"]["ort_fp32_fused"]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "threads": threads,
               "torch": torch.__version__, "onnxruntime": ort.__version__, "sequence": args.sequence,
-              "rounds": args.rounds, "fused_ops": counts, "quality": quality, "results": results}
+              "rounds": args.rounds, "load_average_1min": {"start": load_before, "end": os.getloadavg()[0]},
+              "fused_ops": {"ort_fp32_fused": counts, "ort_fp32_fused_mha": counts_mha}, "quality": quality,
+              "target": {"variant": "ort_fp32_fused", "batch": 8, "min_speedup": TARGET, "speedup": speedup,
+                         "met": speedup >= TARGET},
+              "results": results}
     save_results(args.out, "export_minilm", report, markdown(report, "python benchmarks/export_minilm.py" + (" " + " ".join(argv) if argv else "")))
     print(json.dumps(report, indent=1))
     return 0
@@ -101,12 +113,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(r: dict, command: str) -> str:
     names = {"torch_eager": "PyTorch eager (fp32)", "ort_fp32": "ORT fp32, exported graph",
-             "ort_fp32_fused": "ORT fp32 + transformer fusions", "ort_int8": "ORT int8 dynamic, per-channel (veil's choice)",
+             "ort_fp32_fused": "ORT fp32 + transformer fusions, Attention (veil's fp32)",
+             "ort_fp32_fused_mha": "ORT fp32 + transformer fusions, MultiHeadAttention",
+             "ort_int8": "ORT int8 dynamic, per-channel, of the MultiHeadAttention graph (veil's int8)",
              "ort_int8_per_tensor": "ORT int8 dynamic, per-tensor (ORT default)"}
+    load, target = r["load_average_1min"], r["target"]
     lines = ["## all-MiniLM-L6-v2 export on CPU (issue: export and serve)", "",
              f"Command: `{command}` — {r['date']}, {r['machine']}, {r['threads']} threads, torch {r['torch']}, "
-             f"onnxruntime {r['onnxruntime']}; sequence {r['sequence']}, median of {r['rounds']} interleaved rounds.",
-             f"Fused operators found by ORT's optimizer in the dynamo graph: {r['fused_ops']}.", "",
+             f"onnxruntime {r['onnxruntime']}; sequence {r['sequence']}, median of {r['rounds']} interleaved rounds; "
+             f"1-minute load average {load['start']:.2f} at the start, {load['end']:.2f} at the end.",
+             "Fused operators in the dynamo graph after veil's attention canonicalization "
+             f"(export/attention_fusion.py) and ORT's optimizer: Attention graph {r['fused_ops']['ort_fp32_fused']}; "
+             f"MultiHeadAttention graph {r['fused_ops']['ort_fp32_fused_mha']}.", "",
              "| variant | batch 1 ms | speed-up vs PyTorch | batch 8 ms | speed-up vs PyTorch | mean cosine to fp32 |",
              "|---|---|---|---|---|---|"]
     for key, label in names.items():
@@ -114,7 +132,14 @@ def markdown(r: dict, command: str) -> str:
         cos = r["quality"].get(key, {}).get("mean_cosine")
         lines.append(f"| {label} | {b1['median_ms'][key]:.2f} | {b1['speedup_vs_torch'][key]:.2f}x | {b8['median_ms'][key]:.2f} | "
                      f"{b8['speedup_vs_torch'][key]:.2f}x | {'' if cos is None else f'{cos:.4f}'} |")
-    lines += ["", "Cosine measured on 64 real sentences from Python's `pydoc_data.topics`, padded to 128 tokens."]
+    lines += ["", f"Target (issue 20 §2b): ORT fp32 with fusions >= {target['min_speedup']}x PyTorch eager at batch 8 — "
+              f"**{'met' if target['met'] else 'not met'}** ({target['speedup']:.2f}x in this run)."
+              + (f" The {r['threads']} cores were shared (load average above {r['threads']}): times are inflated and "
+                 "the ratios less certain than on idle cores." if max(load.values()) > r["threads"] else ""),
+              "int8 quantizes the MultiHeadAttention graph, whose Q/K/V projections stay MatMuls; in the Attention "
+              "graph they are one packed fp32 GEMM that MatMul/Gemm-only dynamic quantization leaves in float.",
+              "Cosine (to the fp32 MultiHeadAttention graph) measured on 64 real sentences from Python's "
+              "`pydoc_data.topics`, padded to 128 tokens."]
     return "\n".join(lines)
 
 

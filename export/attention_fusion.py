@@ -1,27 +1,33 @@
-"""Rewrite the dynamo-exported padding mask of a transformers-5 BERT encoder into the form ORT's fusions match.
+"""Rewrite transformers-5 BERT attention, as torch.onnx (dynamo) exports it, into the form ORT's fusions match.
 
 Why: ``onnxruntime.transformers.optimizer`` (model_type="bert") fuses self-attention into ``com.microsoft``
-``Attention`` only when the additive mask before Softmax comes from one of the subgraphs it knows. transformers 5
-builds the eager mask with ``sdpa_mask`` (vmapped index functions); torch.onnx (dynamo, optimize=True) lowers that
-to ``Where(And(And(True, kv_idx >= 0), GatherND(Cast(attention_mask, bool), idx)), 0, finfo.min)``. ORT's
-transformers-5 pattern expects ``Where <- Expand <- And <- Reshape <- Reshape <- Gather <- Flatten`` instead, so
-``fusion_attention`` stops at "failed to match mask path" in every layer, and the Expand/GatherND chain also
-makes ORT's symbolic shape inference fail, which disables SkipLayerNormalization fusion.
+``Attention`` only when the scores before Softmax come from subgraphs it knows, and the dynamo graph of
+all-MiniLM-L6-v2 differs in two places (ORT 1.32, fusion_attention.py):
 
-The fix is a graph pass, not a different export or a hand-written fusion: the mask tensor is replaced by the
-classic BERT extended mask ``(1 - Cast(Unsqueeze(Unsqueeze(attention_mask)))) * fill`` (fill = the exported
-``finfo.min``), which ORT matches, so ORT itself packs the QKV weights and builds the mask input. Before the
-rewrite the old mask is evaluated on a probe batch (random padding, left padding, holes) and must equal
-``attention_mask[:, None, None, :]`` exactly, so a causal or otherwise different mask is never replaced.
+* the mask. transformers 5 builds it with ``sdpa_mask`` (vmapped index functions), which the exporter
+  (optimize=True) lowers to ``Where(And(And(True, kv_idx >= 0), GatherND(Cast(attention_mask, bool), idx)),
+  0, finfo.min)``; ORT's transformers-5 pattern wants ``Where <- Expand <- And <- Reshape <- Reshape <- Gather
+  <- Flatten``, so every layer stops at "failed to match mask path".
+* the scale. The exporter emits ``Mul(Q @ K^T, 1/sqrt(d))``. ORT's "Mul" score path and its classic mask path
+  ``Mul(Sub(1, Cast(Unsqueeze(Unsqueeze(mask)))), fill)`` both take the *first* Mul parent of the Add, so with
+  a Mul scale the mask match finds the scale ("Expect Sub, Got MatMul"). With ``Div(Q @ K^T, sqrt(d))``, the
+  form of transformers-4 BERT, both match. ORT's fused op never reads that constant (it assumes 1/sqrt(d)), so
+  only that scale is rewritten.
+
+So a graph pass, not another export (the encoder's eager attention is what the training side loads) nor a
+hand-written fusion (ORT packs the QKV weights and builds the mask input itself). The old mask is replaced only
+after it is evaluated on a probe batch (right, left and inner padding) and equals ``attention_mask[:, None,
+None, :]``, so a causal or otherwise different mask stays as it is (with a warning) and that block stays unfused.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .swap import ExportError
 from .validate import cpu_session
 
 MASK_INPUT = "attention_mask"
@@ -36,31 +42,27 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     return values
 
 
-def _probe_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """A batch of 4 x 6 tokens: right, left and inner padding in the mask, zeros for every other input."""
+def _padding_condition_mismatch(model: onnx.ModelProto, condition: str) -> str | None:
+    """Why ``condition`` is not ``attention_mask[:, None, None, :]`` (broadcast) on a probe batch; None if it is.
+
+    The probe is 4 x 6 tokens with right, left and inner padding in the mask and zeros in the other inputs.
+    """
     mask = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1], [1, 0, 1, 0, 0, 1]], dtype=np.int64)
-    feeds = {}
-    for value in model.graph.input:
-        if value.type.tensor_type.elem_type != onnx.TensorProto.INT64:
-            raise ExportError(f"graph input {value.name!r}: expected INT64 token inputs, received element type "
-                              f"{onnx.TensorProto.DataType.Name(value.type.tensor_type.elem_type)}")
-        feeds[value.name] = mask if value.name == MASK_INPUT else np.zeros_like(mask)
-    return feeds
-
-
-def _check_is_padding_mask(model: onnx.ModelProto, condition: str) -> None:
-    """Raise ExportError unless ``condition`` evaluates to ``attention_mask[:, None, None, :]`` (broadcast)."""
+    others = [i for i in model.graph.input if i.name != MASK_INPUT and i.type.tensor_type.elem_type != onnx.TensorProto.INT64]
+    if others:
+        return f"expected INT64 token inputs to probe the mask, received non-INT64 input {others[0].name!r}"
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     del probe.graph.output[:]
     probe.graph.output.append(onnx.ValueInfoProto(name=condition))
-    feeds = _probe_feeds(model)
+    feeds = {i.name: mask if i.name == MASK_INPUT else np.zeros_like(mask) for i in model.graph.input}
     got = cpu_session(probe).run([condition], feeds)[0]
-    expected = feeds[MASK_INPUT][:, None, None, :].astype(bool)
+    expected = mask[:, None, None, :].astype(bool)
     if got.ndim != 4 or got.shape[0] != expected.shape[0] or got.shape[1] != 1 or got.shape[3] != expected.shape[3] \
             or not np.array_equal(got, np.broadcast_to(expected, got.shape)):
-        raise ExportError(f"attention mask condition {condition!r}: expected attention_mask[:, None, None, :] "
-                          f"(a padding mask) on the probe batch, received shape {list(got.shape)} with other values")
+        return (f"expected condition {condition!r} to equal attention_mask[:, None, None, :] (a padding mask) on the "
+                f"probe batch, received shape {list(got.shape)} with other values")
+    return None
 
 
 def canonicalize_bert_attention(model: onnx.ModelProto, head_size: int) -> tuple[onnx.ModelProto, dict[str, int]]:
@@ -70,7 +72,8 @@ def canonicalize_bert_attention(model: onnx.ModelProto, head_size: int) -> tuple
     ``Div(Q @ K^T, sqrt(head_size))`` (only for that scale, the one ORT's fused Attention assumes) and, with
     ``condition`` checked to be the broadcast ``attention_mask``, the mask
     ``Mul(Sub(1, Cast(Unsqueeze(Unsqueeze(attention_mask)))), fill)``. Mask nodes left unused are dropped. Both
-    rewrites keep the graph's values; a graph without these blocks comes back unchanged (counts 0).
+    rewrites keep the graph's values; a graph without these blocks comes back unchanged (counts 0), and a Where
+    that is not such a padding mask is kept, with a warning saying why.
     """
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -93,11 +96,17 @@ def canonicalize_bert_attention(model: onnx.ModelProto, head_size: int) -> tuple
         if factor is not None and factor.size == 1 and np.isclose(factor.item(), head_size ** -0.5, rtol=1e-6, atol=0):
             scales.append(mul)
         wheres[where.output[0]] = where
+    new_nodes = []
     if MASK_INPUT in {i.name for i in graph.input}:
-        new_nodes = [_padding_mask(model, where, constants, consumers, f"veil_padding_mask_{k}")
-                     for k, where in enumerate(wheres.values())]
+        for index, where in enumerate(list(wheres.values())):
+            reason = _padding_mask_mismatch(model, where, constants, consumers)
+            if reason is None:
+                new_nodes += _padding_mask(where, constants[where.input[2]], consumers, f"veil_padding_mask_{index}")
+            else:
+                warnings.warn(f"attention mask {where.name!r} kept (attention stays unfused): {reason}", stacklevel=2)
+                del wheres[where.output[0]]
     else:
-        new_nodes, wheres = [], {}
+        wheres = {}
     if scales:
         divisor = "veil_attention_sqrt_head_size"
         graph.initializer.append(numpy_helper.from_array(np.array(np.sqrt(head_size), np.float32), divisor))
@@ -105,7 +114,7 @@ def canonicalize_bert_attention(model: onnx.ModelProto, head_size: int) -> tuple
             scores = next(i for i in mul.input if i not in constants)
             mul.op_type = "Div"
             mul.input[:] = [scores, divisor]
-    nodes = [n for block in new_nodes for n in block] + list(graph.node)
+    nodes = new_nodes + list(graph.node)
     del graph.node[:]
     graph.node.extend(_live_nodes(graph, nodes))
     used = {i for n in graph.node for i in n.input}
@@ -116,17 +125,21 @@ def canonicalize_bert_attention(model: onnx.ModelProto, head_size: int) -> tuple
     return out, {"padding_masks": len(wheres), "score_scales": len(scales)}
 
 
-def _padding_mask(model: onnx.ModelProto, where: onnx.NodeProto, constants: dict[str, np.ndarray],
-                  consumers: dict[str, list[onnx.NodeProto]], prefix: str) -> list[onnx.NodeProto]:
-    """Nodes computing ``(1 - float(attention_mask[:, None, None, :])) * fill``, rewired into where's consumers."""
+def _padding_mask_mismatch(model: onnx.ModelProto, where: onnx.NodeProto, constants: dict[str, np.ndarray],
+                           consumers: dict[str, list[onnx.NodeProto]]) -> str | None:
+    """Why ``where`` is not ``Where(padding condition, 0, negative fill)`` added to scores; None if it is."""
     keep, fill = constants.get(where.input[1]), constants.get(where.input[2])
     if keep is None or fill is None or keep.size != 1 or fill.size != 1 or keep.item() != 0 or not fill.item() < 0:
-        raise ExportError(f"attention mask {where.name!r}: expected Where(condition, 0, negative fill) with constant "
-                          f"branches, received {where.input[1]!r}={keep}, {where.input[2]!r}={fill}")
+        return (f"expected Where(condition, 0, negative fill) with constant branches, received "
+                f"{where.input[1]!r}={keep}, {where.input[2]!r}={fill}")
     if any(c.op_type != "Add" for c in consumers[where.output[0]]):
-        raise ExportError(f"attention mask {where.name!r}: expected only Add consumers (scores + mask), received "
-                          f"{sorted({c.op_type for c in consumers[where.output[0]]})}")
-    _check_is_padding_mask(model, where.input[0])
+        return f"expected only Add consumers (scores + mask), received {sorted({c.op_type for c in consumers[where.output[0]]})}"
+    return _padding_condition_mismatch(model, where.input[0])
+
+
+def _padding_mask(where: onnx.NodeProto, fill: np.ndarray, consumers: dict[str, list[onnx.NodeProto]],
+                  prefix: str) -> list[onnx.NodeProto]:
+    """Nodes computing ``(1 - float(attention_mask[:, None, None, :])) * fill``, rewired into where's consumers."""
     dtype = fill.dtype
 
     def constant(name: str, value: np.ndarray) -> onnx.NodeProto:

