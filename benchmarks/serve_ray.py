@@ -80,7 +80,8 @@ def session_ms(path: Path, batch: int, reps: int) -> float:
 
 
 def he_repository(root: Path, epochs: int) -> Path:
-    """The digits-he PolyCNN (short training, seeded) as plain ONNX (``plain``) and a latency HE plan (``digits-he``)."""
+    """The digits-he PolyCNN (short training, seeded): a repository holding only its latency HE plan (``digits-he``;
+    a second served model would take a CPU the workers need) and, beside it, the plain ONNX (``plain/``)."""
     from veil.export import export_uldnet
     from veil.export.he import export_he
     from veil.training.uldnet import ModelConfig, TrainConfig, load_digits_preset, save_uldnet, train_uldnet
@@ -91,7 +92,7 @@ def he_repository(root: Path, epochs: int) -> Path:
     result = train_uldnet(ModelConfig(input_shape=data.input_shape, **preset["model"]),
                           TrainConfig(**recipe, seed=0, threads=1), data, progress=False)
     save_uldnet(result, root / "ck", data)
-    export_uldnet(root / "ck", root / "repo", name="plain")
+    export_uldnet(root / "ck", root / "plain", name="plain")
     export_he(root / "ck", root / "repo", "digits-he", mode="latency", rotation_keys="pow2")
     return root / "repo"
 
@@ -102,7 +103,7 @@ def bench_he_fanout(port: int, repo: Path, keyring: Path, ciphertexts: int, roun
     from veil.training.uldnet import load_digits_preset
 
     x_all = load_digits_preset().x_test
-    plain = ort.InferenceSession(str(repo / "plain" / "1" / "model.onnx"))
+    plain = ort.InferenceSession(str(repo.parent / "plain" / "plain" / "1" / "model.onnx"))
     times: dict[int, list[float]] = {0: [], 2: []}
     session, errors, agree, server = None, [], [], {0: [], 2: []}
     for r in range(rounds):

@@ -12,10 +12,14 @@ reads the evaluation keys from the same key-store folder as the replicas (``he_k
 multi-node cluster), checking the owner's secret again; it keeps its own LRU of parsed keys, so a key set is
 parsed once per worker, not shipped through the object store with every request. Workers hold no secret key:
 the store refuses bundles with one. Ray is imported only by :class:`WorkerPool`.
+
+Workers that the cluster cannot place yet (not enough CPUs) never hold a request: until every worker has started,
+:attr:`WorkerPool.ready` is False and the replica evaluates requests itself (logged once).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,8 @@ from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
 
 from .server import open_keystore
 from .server_config import ServerConfig
+
+logger = logging.getLogger("veil.engine")
 
 
 class HeWorker:
@@ -84,6 +90,26 @@ class WorkerPool:
         self._ray = ray
         actor = ray.remote(num_cpus=cpus)(HeWorker)
         self.workers = [actor.remote(plan_folder, config) for _ in range(workers)]
+        self._started = [w.stats.remote() for w in self.workers]  # answered once each worker is placed and built
+        self._ready, self._warned = False, False
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every worker to start; returns :attr:`ready`."""
+        self._ray.wait(self._started, num_returns=len(self._started), timeout=timeout_s)
+        return self.ready
+
+    @property
+    def ready(self) -> bool:
+        """Whether every worker has started (never blocks); until then requests are evaluated in the replica."""
+        if not self._ready:
+            done, _ = self._ray.wait(self._started, num_returns=len(self._started), timeout=0)
+            self._ready = len(done) == len(self._started)
+            if not self._ready and not self._warned:
+                logger.warning("HE fan-out: %d of %d workers not started yet (is the cluster short of CPUs?); "
+                               "the replica evaluates requests itself until they are", len(self._started) - len(done),
+                               len(self._started))
+                self._warned = True
+        return self._ready
 
     def __call__(self, index: int, key_id: str, key_secret: str, payloads: list[bytes]) -> list[bytes]:
         """Chunk k to worker k (blocking: the replica calls this from its evaluation thread)."""

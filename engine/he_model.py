@@ -204,7 +204,8 @@ class HeModel:
     def _run(self, stage: Stage, cts: list[Any], keys: Any, key_id: str, key_secret: str) -> list[Any]:
         """The plan on ``cts``: here, or split into contiguous chunks over the fan-out workers (latency mode with
         more than one ciphertext; a throughput request's ciphertexts are one computation and stay here)."""
-        if self.fan_out is None or stage.plan.mode != "latency" or len(cts) < 2 or self.fan_out_workers < 2:
+        if (self.fan_out is None or stage.plan.mode != "latency" or len(cts) < 2 or self.fan_out_workers < 2
+                or not getattr(self.fan_out, "ready", True)):  # workers the cluster has not placed yet
             return stage.evaluator.run(cts, keys)
         chunks = np.array_split(np.arange(len(cts)), min(self.fan_out_workers, len(cts)))
         payloads = [ciphertexts_to_bytes([cts[i] for i in chunk]) for chunk in chunks]

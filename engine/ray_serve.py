@@ -64,6 +64,7 @@ from .repository import check_model_name, index, read_model
 from .server import ServerConfig, create_app
 
 FRONT_APP, FRONT, REPORT_S = "veil", "VeilFront", 0.5
+HE_WORKER_START_S = 60.0  # how long a replica waits for its HE workers to start before it serves without them
 REPLICA_HEADER = b"veil-replica"  # which replica answered (response header)
 MULTIPLEX_HEADER = "serve_multiplexed_model_id"
 
@@ -230,9 +231,10 @@ class VeilModel:
 
         for model in self.plane.models.get(self.name, {}).values():
             if isinstance(model, HeModel):
-                model.fan_out = WorkerPool(str(model.path.parent), self.config.to_dict(), self.he_workers,
-                                           self.he_worker_cpus)
-                model.fan_out_workers = self.he_workers
+                pool = WorkerPool(str(model.path.parent), self.config.to_dict(), self.he_workers,
+                                  self.he_worker_cpus)
+                pool.wait_ready(HE_WORKER_START_S)  # bounded: a cluster short of CPUs serves without them meanwhile
+                model.fan_out, model.fan_out_workers = pool, self.he_workers
 
     async def he_worker_stats(self) -> list[dict[str, Any]]:
         """Per HE version: its workers' pids and ciphertext counts (empty without --he-workers)."""

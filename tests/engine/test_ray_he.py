@@ -57,6 +57,7 @@ def test_a_multi_ciphertext_request_is_split_over_two_workers_and_matches_plaint
     with oip.live_server(config) as (url, server):
         model = server.config.app.state.dataplane.get_model("tiny-he")
         pool = WorkerPool(str(model.path.parent), config.to_dict(), workers=2, cpus=0.5)
+        assert pool.wait_ready(120)
         model.fan_out, model.fan_out_workers = pool, 2  # what a Ray Serve replica with --he-workers 2 sets
         session = HeSession.create(f"http://{url}", "tiny-he", tmp_path / "k.keyring")
         capacity = session.layout(0).batch_capacity
@@ -69,6 +70,24 @@ def test_a_multi_ciphertext_request_is_split_over_two_workers_and_matches_plaint
     stats = pool.stats()
     assert sorted(s["ciphertexts"] for s in stats) == [2, 2]  # chunks of 2 + 2, one per worker
     assert len({s["pid"] for s in stats} | {os.getpid()}) == 3  # two worker processes besides this one
+
+
+def test_workers_the_cluster_cannot_place_never_hold_a_request(he_repo, cluster, oip, tmp_path) -> None:
+    """A pool asking for more CPUs than the cluster has stays unready and the server evaluates requests itself
+    (before: ray.get waited for the pending actors and the request hung)."""
+    config = oip.make_config(he_repo)
+    with oip.live_server(config) as (url, server):
+        model = server.config.app.state.dataplane.get_model("tiny-he")
+        pool = WorkerPool(str(model.path.parent), config.to_dict(), workers=2, cpus=64)
+        model.fan_out, model.fan_out_workers = pool, 2
+        session = HeSession.create(f"http://{url}", "tiny-he", tmp_path / "k.keyring")
+        x = np.random.default_rng(3).normal(size=(2 * session.layout(0).batch_capacity, 6)).astype(np.float32)
+        logits = session.decrypt(session.infer(session.encrypt(x)))
+    assert not pool.ready and not pool.wait_ready(0.1)
+    for worker in pool.workers:
+        ray.kill(worker)
+    expected = ort.InferenceSession(str(he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    assert np.abs(logits - expected).max() < 1e-2
 
 
 def test_a_worker_checks_the_key_owner_again(he_repo, cluster, oip, tmp_path) -> None:
