@@ -26,9 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from veil.he.envelope import open_envelope, seal_envelope
@@ -51,8 +50,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger("veil.engine")
 CIPHERTEXT = "ciphertext"
 DEFAULT_MAX_CIPHERTEXTS = 8  # latency mode: ciphertexts per request; each costs one full evaluation
-# (segment index, key id, key secret, one serialized ciphertext chunk per worker) -> each chunk's results, in order
-FanOut = Callable[[int, str, str, list[bytes]], list[bytes]]
+
+
+class FanOut(Protocol):
+    """Evaluation workers (veil.engine.he_fanout.WorkerPool): ``workers`` (one chunk each), ``ready`` (all started),
+    and a call (segment index, key id, key secret, one serialized ciphertext chunk per worker) -> each chunk's
+    results, in order."""
+
+    workers: list[Any]
+
+    @property
+    def ready(self) -> bool: ...
+
+    def __call__(self, index: int, key_id: str, key_secret: str, payloads: list[bytes]) -> list[bytes]: ...
 
 
 class Stage:
@@ -85,7 +95,6 @@ class HeModel:
         # set by a deployment with evaluation workers (veil.engine.ray_serve, --he-workers): a latency request's
         # ciphertexts are independent, so chunks of them evaluate on the workers at once; None: all here
         self.fan_out: FanOut | None = None
-        self.fan_out_workers = 0
         self.inputs = {CIPHERTEXT: TensorConfig(CIPHERTEXT, "BYTES", [1])}
         self.outputs = {CIPHERTEXT: TensorConfig(CIPHERTEXT, "BYTES", [1])}
 
@@ -204,12 +213,13 @@ class HeModel:
     def _run(self, stage: Stage, cts: list[Any], keys: Any, key_id: str, key_secret: str) -> list[Any]:
         """The plan on ``cts``: here, or split into contiguous chunks over the fan-out workers (latency mode with
         more than one ciphertext; a throughput request's ciphertexts are one computation and stay here)."""
-        if (self.fan_out is None or stage.plan.mode != "latency" or len(cts) < 2 or self.fan_out_workers < 2
-                or not getattr(self.fan_out, "ready", True)):  # workers the cluster has not placed yet
+        pool = self.fan_out
+        if (pool is None or stage.plan.mode != "latency" or len(cts) < 2 or len(pool.workers) < 2
+                or not pool.ready):  # workers the cluster has not placed yet: evaluate here
             return stage.evaluator.run(cts, keys)
-        chunks = np.array_split(np.arange(len(cts)), min(self.fan_out_workers, len(cts)))
+        chunks = np.array_split(np.arange(len(cts)), min(len(pool.workers), len(cts)))
         payloads = [ciphertexts_to_bytes([cts[i] for i in chunk]) for chunk in chunks]
-        results = self.fan_out(stage.index, key_id, key_secret, payloads)
+        results = pool(stage.index, key_id, key_secret, payloads)
         out = [ciphertexts_from_bytes(stage.params, data, max_count=len(chunk)) for data, chunk in
                zip(results, chunks, strict=True)]
         if [len(part) for part in out] != [len(chunk) for chunk in chunks]:  # one result per ciphertext

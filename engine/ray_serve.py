@@ -234,7 +234,7 @@ class VeilModel:
                 pool = WorkerPool(str(model.path.parent), self.config.to_dict(), self.he_workers,
                                   self.he_worker_cpus)
                 pool.wait_ready(HE_WORKER_START_S)  # bounded: a cluster short of CPUs serves without them meanwhile
-                model.fan_out, model.fan_out_workers = pool, self.he_workers
+                model.fan_out = pool
 
     async def he_worker_stats(self) -> list[dict[str, Any]]:
         """Per HE version: its workers' pids and ciphertext counts (empty without --he-workers)."""

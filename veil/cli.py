@@ -8,7 +8,6 @@ torch.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -110,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def verb_main(target: str) -> Callable[[list[str]], int]:
     """The ``main(argv) -> int`` a verb table entry names: ``"module"`` (its ``main``) or ``"module:function"``."""
-    module, _, function = target.partition(":")
-    return getattr(importlib.import_module(module), function or "main")
+    from veil.config import import_object
+
+    return import_object(target, default="main")
 
 
 def run_verb(name: str, call) -> int:

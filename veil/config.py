@@ -194,6 +194,13 @@ def flag_dest(prefix: str, name: str) -> str:
 
 
 # -- lazy packages ------------------------------------------------------------------------------------------
+def import_object(target: str, default: str | None = None) -> Any:
+    """The object ``"module:name"`` names (``"module"`` alone: its ``default`` attribute), imported on call: how a
+    verb table or a registry names code it must not import before it runs."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name or default or "")
+
+
 def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Any, Any]:
     """PEP 562 ``__getattr__`` and ``__dir__`` for a package whose public names load on first use.
 

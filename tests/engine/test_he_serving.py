@@ -20,21 +20,13 @@ from veil.training.uldnet.data import split_stratified
 
 
 @pytest.fixture(scope="module")
-def he_repo(tmp_path_factory):
-    """A tiny PolyMLP on a 3-class 6-feature task, exported as ONNX and as latency/throughput HE plans."""
-    rng = np.random.default_rng(0)
-    y = np.repeat(np.arange(3), 40)
-    x = rng.normal(size=(120, 6)).astype(np.float32)
-    x[np.arange(120), y] += 3.0
-    data = split_stratified(x, y, ["a", "b", "c"], "test")
-    result = train_uldnet(ModelConfig(arch="mlp", input_shape=[6], num_classes=3, width=8),
-                          TrainConfig(epochs=8, warmup_epochs=2, lr=1e-2, batch_size=16), data, progress=False)
-    root = tmp_path_factory.mktemp("he")
-    save_uldnet(result, root / "ck", data)
-    repo = root / "repo"
-    export_uldnet(root / "ck", repo, name="plain")
-    export_he(root / "ck", repo, "tiny-he", mode="latency")
-    export_he(root / "ck", repo, "tiny-he-batch", mode="throughput")
+def he_repo(tmp_path_factory, tiny_polymlp):
+    """The tiny PolyMLP (conftest) exported as ONNX and as latency/throughput HE plans."""
+    checkpoint, data = tiny_polymlp
+    repo = tmp_path_factory.mktemp("he") / "repo"
+    export_uldnet(checkpoint, repo, name="plain")
+    export_he(checkpoint, repo, "tiny-he", mode="latency")
+    export_he(checkpoint, repo, "tiny-he-batch", mode="throughput")
     shutil.copytree(repo / "tiny-he", repo / "tiny-he-two")  # the operator's bound: 2 ciphertexts per request
     config = (repo / "tiny-he" / "config.pbtxt").read_text().replace('"tiny-he"', '"tiny-he-two"')
     (repo / "tiny-he-two" / "config.pbtxt").write_text(

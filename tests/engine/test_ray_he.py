@@ -17,27 +17,18 @@ from veil.export import export_uldnet  # noqa: E402
 from veil.export.he import export_he  # noqa: E402
 from veil.he.client import HeSession  # noqa: E402
 from veil.he.envelope import open_envelope  # noqa: E402
-from veil.training.uldnet import ModelConfig, TrainConfig, save_uldnet, train_uldnet  # noqa: E402
-from veil.training.uldnet.data import split_stratified  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def he_repo(tmp_path_factory):
-    """A tiny 6-feature PolyMLP as plain ONNX and as a latency HE plan."""
-    rng = np.random.default_rng(0)
-    y = np.repeat(np.arange(3), 40)
-    x = rng.normal(size=(120, 6)).astype(np.float32)
-    x[np.arange(120), y] += 3.0
-    data = split_stratified(x, y, ["a", "b", "c"], "test")
-    result = train_uldnet(ModelConfig(arch="mlp", input_shape=[6], num_classes=3, width=8),
-                          TrainConfig(epochs=4, warmup_epochs=1, lr=1e-2, batch_size=16), data, progress=False)
-    root = tmp_path_factory.mktemp("ray-he")
-    save_uldnet(result, root / "ck", data)
-    export_uldnet(root / "ck", root / "repo", name="plain")
-    export_he(root / "ck", root / "repo", "tiny-he", mode="latency")
-    return root / "repo"
+def he_repo(tmp_path_factory, tiny_polymlp):
+    """The tiny PolyMLP (conftest) as plain ONNX and as a latency HE plan."""
+    checkpoint, _ = tiny_polymlp
+    repo = tmp_path_factory.mktemp("ray-he") / "repo"
+    export_uldnet(checkpoint, repo, name="plain")
+    export_he(checkpoint, repo, "tiny-he", mode="latency")
+    return repo
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +49,7 @@ def test_a_multi_ciphertext_request_is_split_over_two_workers_and_matches_plaint
         model = server.config.app.state.dataplane.get_model("tiny-he")
         pool = WorkerPool(str(model.path.parent), config.to_dict(), workers=2, cpus=0.5)
         assert pool.wait_ready(120)
-        model.fan_out, model.fan_out_workers = pool, 2  # what a Ray Serve replica with --he-workers 2 sets
+        model.fan_out = pool  # what a Ray Serve replica with --he-workers 2 sets
         session = HeSession.create(f"http://{url}", "tiny-he", tmp_path / "k.keyring")
         capacity = session.layout(0).batch_capacity
         x = np.random.default_rng(1).normal(size=(3 * capacity + 1, 6)).astype(np.float32)  # 4 ciphertexts
@@ -79,7 +70,7 @@ def test_workers_the_cluster_cannot_place_never_hold_a_request(he_repo, cluster,
     with oip.live_server(config) as (url, server):
         model = server.config.app.state.dataplane.get_model("tiny-he")
         pool = WorkerPool(str(model.path.parent), config.to_dict(), workers=2, cpus=64)
-        model.fan_out, model.fan_out_workers = pool, 2
+        model.fan_out = pool
         session = HeSession.create(f"http://{url}", "tiny-he", tmp_path / "k.keyring")
         x = np.random.default_rng(3).normal(size=(2 * session.layout(0).batch_capacity, 6)).astype(np.float32)
         logits = session.decrypt(session.infer(session.encrypt(x)))

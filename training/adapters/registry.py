@@ -9,11 +9,10 @@ optimizers and the compression stages). A lookup imports the method's package if
 from __future__ import annotations
 
 import enum
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from veil.config import Registry
+from veil.config import Registry, import_object
 
 if TYPE_CHECKING:
     from .config import AdapterConfig
@@ -45,10 +44,7 @@ class MethodEntry:
 
     @property
     def model_cls(self) -> type[AdapterModel]:
-        if not isinstance(self.model, str):
-            return self.model
-        module, _, name = self.model.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return import_object(self.model) if isinstance(self.model, str) else self.model
 
 
 METHODS: Registry[MethodEntry] = Registry(
