@@ -20,6 +20,7 @@ import pytest
 import tomllib
 
 import veil.cli
+import veil.config
 
 ROOT = Path(__file__).resolve().parents[2]
 # what the client install must not bring (each alone is hundreds of MB, torch about 1 GB)
@@ -127,10 +128,10 @@ def test_client_install_runs_encrypted_inference_without_the_stack(client_python
 
 def test_a_missing_package_names_the_extra_that_brings_it(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """A client install running `veil serve` gets one line naming `veil[serve]`, not a traceback."""
-    def missing(name: str):
+    def missing(target: str, default: str | None = None):
         raise ModuleNotFoundError("No module named 'fastapi'", name="fastapi")
 
-    monkeypatch.setattr(veil.cli.importlib, "import_module", missing)
+    monkeypatch.setattr(veil.config, "import_object", missing)
     assert veil.cli.main(["serve", "--repo", "models"]) == 2
     err = capsys.readouterr().err
     assert "'fastapi'" in err and "pip install 'veil[serve]'" in err
@@ -140,9 +141,9 @@ def test_a_missing_package_names_the_extra_that_brings_it(monkeypatch: pytest.Mo
 
 def test_a_missing_veil_module_is_not_blamed_on_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug inside veil (a module of its own that does not exist) still raises: no extra would fix it."""
-    def missing(name: str):
+    def missing(target: str, default: str | None = None):
         raise ModuleNotFoundError("No module named 'veil.nowhere'", name="veil.nowhere")
 
-    monkeypatch.setattr(veil.cli.importlib, "import_module", missing)
+    monkeypatch.setattr(veil.config, "import_object", missing)
     with pytest.raises(ModuleNotFoundError, match=r"veil\.nowhere"):
         veil.cli.main(["serve", "--repo", "models"])
