@@ -151,6 +151,15 @@ class AdapterNotFound(ModelNotFound):
     """The request names an adapter the model does not have (HTTP 404)."""
 
 
+class ReplicaError(EngineError):
+    """An error a model replica answered (``veil serve --ray``), passed on by the front with the replica's status
+    and message, so a client sees what ``veil serve`` alone would have said."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
 class InvalidCodecInput(InferenceFailed):
     """An image or bitstream the codec refuses: unsupported format, corrupt/foreign/truncated stream, or a bad
     coding parameter (HTTP 400)."""

@@ -230,15 +230,20 @@ class InferenceService:
         return msg.RepositoryModelUnloadResponse()
 
     def _check_admin(self, context: aio.ServicerContext) -> None:
-        """The same refusals as HTTP's: the API off without a token, the wrong or no bearer token."""
-        if self.admin_token is None:
-            raise RepositoryApiDisabled("the repository API is off: start the server with --admin-token or "
-                                        "VEIL_ADMIN_TOKEN")
-        header = dict(context.invocation_metadata() or ()).get("authorization", "")
-        scheme, _, token = str(header).strip().partition(" ")
-        given = token.strip() if scheme.lower() == "bearer" else ""
-        if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
-            raise Unauthorized("repository API: expected the metadata 'authorization: Bearer <admin token>'")
+        check_admin(self.admin_token, context)
+
+
+def check_admin(admin_token: str | None, context: aio.ServicerContext) -> None:
+    """The repository RPCs' refusals, the same as HTTP's: the API off without a token, the wrong or no bearer
+    token in the ``authorization`` metadata."""
+    if admin_token is None:
+        raise RepositoryApiDisabled("the repository API is off: start the server with --admin-token or "
+                                    "VEIL_ADMIN_TOKEN")
+    header = dict(context.invocation_metadata() or ()).get("authorization", "")
+    scheme, _, token = str(header).strip().partition(" ")
+    given = token.strip() if scheme.lower() == "bearer" else ""
+    if not hmac.compare_digest(given.encode(), admin_token.encode()):
+        raise Unauthorized("repository API: expected the metadata 'authorization: Bearer <admin token>'")
 
 
 def _guarded(method: str, call: Callable[[Any, aio.ServicerContext], Awaitable[Any]]) -> Callable:
@@ -257,8 +262,10 @@ def _guarded(method: str, call: Callable[[Any, aio.ServicerContext], Awaitable[A
     return handler
 
 
-def handlers(service: InferenceService) -> grpc.GenericRpcHandler:
-    """The generic handler routing ``/inference.GRPCInferenceService/<Method>`` to ``service``."""
+def handlers(service: Any) -> grpc.GenericRpcHandler:
+    """The generic handler routing ``/inference.GRPCInferenceService/<Method>`` to ``service`` (an
+    :class:`InferenceService`, or the Ray front's :class:`~veil.engine.ray_grpc.RayInferenceService`: one
+    coroutine per method)."""
     table = {name: grpc.unary_unary_rpc_method_handler(_guarded(name, getattr(service, name)),
                                                        request_deserializer=req.FromString,
                                                        response_serializer=resp.SerializeToString)
@@ -266,10 +273,9 @@ def handlers(service: InferenceService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(proto.SERVICE, table)
 
 
-async def start_grpc(plane: DataPlane, host: str, port: int, admin_token: str | None,
-                     max_message_bytes: int) -> tuple[aio.Server, int]:
-    """Start the gRPC front on the running event loop; returns the server and the port it bound (``port`` 0:
-    a free one).
+async def start_grpc(service: Any, host: str, port: int, max_message_bytes: int) -> tuple[aio.Server, int]:
+    """Start a gRPC front answering with ``service`` (see :func:`handlers`) on the running event loop; returns
+    the server and the port it bound (``port`` 0: a free one).
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -278,7 +284,7 @@ async def start_grpc(plane: DataPlane, host: str, port: int, admin_token: str | 
                ("grpc.max_send_message_length", max_message_bytes),
                ("grpc.so_reuseport", 0)]  # a second server on a busy port fails instead of sharing it
     server = aio.server(options=options)
-    server.add_generic_rpc_handlers([handlers(InferenceService(plane, admin_token))])
+    server.add_generic_rpc_handlers([handlers(service)])
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

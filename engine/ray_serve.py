@@ -2,7 +2,8 @@
 
 Layout on the cluster (one Serve application per model, so each model scales on its own)::
 
-    app "veil"             route "/"                    VeilFront, 1 replica: server-wide routes, statistics board
+    app "veil"             route "/"                    VeilFront, 1 replica: server-wide routes, statistics board,
+                                                        the gRPC front with --grpc-port (veil.engine.ray_grpc)
     app "veil-<model>"     route "/v2/models/<model>"   VeilModel x num_replicas: veil's own FastAPI app with
                                                         that one model loaded (batcher, adapters, HE, codec...)
 
@@ -39,7 +40,9 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+import logging
 import math
 import os
 import signal
@@ -58,11 +61,21 @@ from starlette.responses import Response
 from veil import __version__
 from veil.config import Config, ConfigError, field
 
-from .errors import ModelNotFound, RepositoryApiDisabled, Unauthorized, add_exception_handlers
+from . import proto
+from .errors import (
+    EngineError,
+    ModelNotFound,
+    RepositoryApiDisabled,
+    Unauthorized,
+    add_exception_handlers,
+    grpc_code,
+    http_status,
+)
 from .http import EXTENSIONS, bearer_token
 from .repository import check_model_name, index, read_model
 from .server import ServerConfig, create_app
 
+logger = logging.getLogger("veil.engine")
 FRONT_APP, FRONT, REPORT_S = "veil", "VeilFront", 0.5
 HE_WORKER_START_S = 60.0  # how long a replica waits for its HE workers to start before it serves without them
 REPLICA_HEADER = b"veil-replica"  # which replica answered (response header)
@@ -211,7 +224,9 @@ class VeilModel:
     """One replica of one model: veil's FastAPI app with that model loaded (warm-up included)."""
 
     def __init__(self, config: dict[str, Any], name: str, he_workers: int = 0, he_worker_cpus: float = 1.0) -> None:
-        self.config, self.name = ServerConfig.from_dict(config), check_model_name(name)
+        # the front serves gRPC (veil.engine.ray_grpc); a replica binding the port too would collide with it
+        self.config = ServerConfig.from_dict(config).replace(grpc_port=None)
+        self.name = check_model_name(name)
         self.he_workers, self.he_worker_cpus = he_workers, he_worker_cpus
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.board = serve.get_deployment_handle(FRONT, app_name=FRONT_APP)
@@ -219,7 +234,10 @@ class VeilModel:
         self._last: bytes = b""
 
     def __serve_build_asgi_app__(self) -> _ModelASGI:
+        from .grpc_server import InferenceService
+
         self.veil = create_app(self.config, models=[self.name])  # not `app`: Ray's wrapper owns that name
+        self.grpc_service = InferenceService(self.plane, self.config.admin_token)
         if self.he_workers:
             self._start_he_workers()
         return _ModelASGI(self.veil, self)
@@ -252,8 +270,32 @@ class VeilModel:
                       client: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """A request the front received (``<model>:<adapter>`` routes, HE keys), answered by this replica's app."""
         self.start_reporting()
+        with contextlib.suppress(EngineError):  # an unknown adapter: the app below answers the same error
+            await self._multiplexed_adapter()
         status, out, content = await _call_asgi(self.veil, method, path, query, headers, body, client)
         return status, [*out, (REPLICA_HEADER, self.replica.encode())], content
+
+    async def rpc(self, method: str, payload: bytes) -> tuple[int, bytes]:
+        """A gRPC call the front received (veil.engine.ray_grpc), answered by veil's gRPC service over this
+        replica's data plane: ``(0, serialized response)``, or ``(HTTP status, message)`` for an error, which the
+        front passes on with that status's gRPC code."""
+        self.start_reporting()
+        try:
+            await self._multiplexed_adapter()
+            request = proto.METHODS[method][0].FromString(payload)
+            response = await getattr(self.grpc_service, method)(request, None)
+            return 0, response.SerializeToString()
+        except Exception as exc:
+            code, message = grpc_code(exc)
+            if code == "INTERNAL" and not isinstance(exc, EngineError):
+                logger.error("internal error on gRPC %s (Ray replica %s)", method, self.replica, exc_info=exc)
+            return http_status(exc), message.encode()
+
+    async def _multiplexed_adapter(self) -> None:
+        """Load the adapter Ray routed this request for (``serve_multiplexed_model_id``), if any."""
+        adapter = serve.get_multiplexed_model_id()
+        if adapter:
+            await self.adapter(adapter)
 
     @serve.multiplexed(max_num_models_per_replica=64)
     async def adapter(self, adapter_id: str) -> str:
@@ -350,11 +392,38 @@ class _Board:
 class VeilFront(_Board):
     """Server metadata, health, summed statistics, HE key registration and the repository API."""
 
-    def __init__(self, config: dict[str, Any], ray: dict[str, Any]) -> None:
+    async def __init__(self, config: dict[str, Any], ray: dict[str, Any]) -> None:
         self.config, self.ray = ServerConfig.from_dict(config), RayConfig.from_dict(ray)
+        self.version = __version__
         self.reports = {}
         self.repo = Path(self.config.repo)
         self.models: list[str] = list(index(self.repo))
+        self._grpc: Any = None
+        self._grpc_port: int | None = None
+        if self.config.grpc_port is not None:  # the OIP gRPC front (veil.engine.ray_grpc), on this replica's loop
+            from .ray_grpc import start
+
+            self._grpc, self._grpc_port = await start(self)
+
+    async def grpc_port(self) -> int | None:
+        """The port the gRPC front bound (None: no gRPC front)."""
+        return self._grpc_port
+
+    def model_handle(self, model: str, adapter: str = "") -> Any:
+        """The deployment handle of ``model``'s replicas; with ``adapter``, routed (Ray's model multiplexing)
+        to a replica that already holds it."""
+        handle = serve.get_app_handle(model_app_name(model))
+        return handle.options(multiplexed_model_id=adapter) if adapter else handle
+
+    async def model_states(self) -> dict[str, bool]:
+        """Per deployed model: whether one of its replicas says its model is ready."""
+        states = {}
+        for name in self.models:
+            try:
+                states[name] = await self.model_handle(name).ready.remote()
+            except Exception:  # not deployed (unloaded) or no replica up yet
+                states[name] = False
+        return states
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         app = FastAPI(title="veil (Ray Serve)", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
@@ -383,30 +452,27 @@ class VeilFront(_Board):
 
     async def ready(self, request: Request) -> Response:
         """Ready when one replica of every deployed model says its model is ready."""
-        states = {}
-        for name in self.models:
-            try:
-                states[name] = await serve.get_app_handle(model_app_name(name)).ready.remote()
-            except Exception:  # not deployed (unloaded) or no replica up yet
-                states[name] = False
+        states = await self.model_states()
         ok = all(states.values())
         return _json({"ready": ok, "models": states}, 200 if ok else 503)
 
     async def all_stats(self, request: Request) -> Response:
         return _json({"model_stats": self.stats()})
 
-    async def _forward(self, request: Request, model: str) -> Response:
+    async def _forward(self, request: Request, model: str, adapter: str = "") -> Response:
         if model not in self.models:
             raise ModelNotFound(f"model '{model}' is not loaded; loaded models: {sorted(self.models)}")
-        handle = serve.get_app_handle(model_app_name(model))
+        handle = self.model_handle(model, adapter)
         client = request.client.host if request.client is not None else "unknown"
         result = await handle.forward.remote(request.method, request.url.path, request.url.query.encode(),
                                              list(request.headers.raw), await request.body(), client)
         return _proxy(result)
 
     async def forward_model(self, request: Request, model: str, rest: str = "") -> Response:
-        """``<model>:<adapter>`` routes (the proxy routes plain names straight to the model's replicas)."""
-        return await self._forward(request, check_model_name(model).partition(":")[0])
+        """``<model>:<adapter>`` routes (the proxy routes plain names straight to the model's replicas), sent to a
+        replica that already holds the adapter."""
+        name, _, adapter = check_model_name(model).partition(":")
+        return await self._forward(request, name, adapter)
 
     async def he_keys(self, request: Request, key_id: str | None = None) -> Response:
         """Key registration goes to a replica of an encrypted-inference model; the store is the shared folder."""
@@ -426,6 +492,21 @@ class VeilFront(_Board):
 
     async def repository_index(self, request: Request) -> Response:
         self._check_admin(request)
+        return _json(self.index_rows())
+
+    async def repository_load(self, request: Request, model: str) -> Response:
+        self._check_admin(request)
+        await self.load_model(model)
+        return _json({})
+
+    async def repository_unload(self, request: Request, model: str) -> Response:
+        self._check_admin(request)
+        await self.unload_model(model)
+        return _json({})
+
+    # -- the repository operations both fronts (HTTP, gRPC) call once the admin token is checked ----------------
+    def index_rows(self) -> list[dict[str, str]]:
+        """Triton's repository index: every model of the repository, READY when its application is running."""
         statuses = serve.status().applications
         rows = []
         for name in index(self.repo):
@@ -433,11 +514,10 @@ class VeilFront(_Board):
             state = "READY" if name in self.models and app is not None and app.status == "RUNNING" else "UNAVAILABLE"
             rows.append({"name": name, "state": state, **({} if state == "READY" else
                                                           {"reason": "unloaded" if app is None else str(app.status)})})
-        return _json(rows)
+        return rows
 
-    async def repository_load(self, request: Request, model: str) -> Response:
+    async def load_model(self, model: str) -> None:
         """(Re)deploy one model's application: Ray replaces its replicas one by one (the old serve meanwhile)."""
-        self._check_admin(request)
         folder = self.repo / check_model_name(model)
         if not folder.is_dir():
             raise ModelNotFound(f"model '{model}' is not in the repository {self.repo}")
@@ -445,15 +525,12 @@ class VeilFront(_Board):
         await asyncio.to_thread(serve.run, target.target, name=target.name, route_prefix=target.route_prefix)
         if model not in self.models:
             self.models.append(model)
-        return _json({})
 
-    async def repository_unload(self, request: Request, model: str) -> Response:
-        self._check_admin(request)
+    async def unload_model(self, model: str) -> None:
         if check_model_name(model) not in self.models:
             raise ModelNotFound(f"model '{model}' is not loaded; loaded models: {sorted(self.models)}")
         self.models.remove(model)
         await asyncio.to_thread(serve.delete, model_app_name(model))
-        return _json({})
 
 
 def _json(content: Any, status_code: int = 200) -> Response:
@@ -475,7 +552,8 @@ def app(repo: str | Path, config: ServerConfig | None = None, ray: RayConfig | N
 
     Args:
         repo: the model repository folder.
-        config: server settings (host/port are Ray's HTTP proxy's, set with ``serve.start``).
+        config: server settings (host/port are Ray's HTTP proxy's, set with ``serve.start``; ``grpc_port``: the
+            front's gRPC server).
         ray: replica settings; or give them as keywords (``replicas=2``, ``max_replicas=4``...).
 
     Example:
@@ -503,7 +581,9 @@ def serve_ray(config: ServerConfig, ray_config: RayConfig) -> None:
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        print(f"veil serve --ray: {len(targets) - 1} models on http://{config.host}:{config.port} "
+        grpc_port = serve.get_app_handle(FRONT_APP).grpc_port.remote().result()
+        grpc = f", gRPC {config.host}:{grpc_port}" if grpc_port is not None else ""
+        print(f"veil serve --ray: {len(targets) - 1} models on http://{config.host}:{config.port}{grpc} "
               f"(Ray {ray.__version__})", flush=True)
         stop.wait()
         for target in reversed(targets):

@@ -54,10 +54,11 @@ def create_app(config: ServerConfig, models: list[str] | None = None) -> FastAPI
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         grpc_server = None
         if config.grpc_port is not None:  # on this loop: both fronts share the data plane and its batchers
-            from .grpc_server import start_grpc
+            from .grpc_server import InferenceService, start_grpc
 
             grpc_server, app.state.grpc_port = await start_grpc(
-                plane, config.host, config.grpc_port, config.admin_token, int(config.grpc_max_message_mb * 2**20))
+                InferenceService(plane, config.admin_token), config.host, config.grpc_port,
+                int(config.grpc_max_message_mb * 2**20))
         yield
         if grpc_server is not None:
             await grpc_server.stop(config.graceful_timeout_s)  # in-flight RPCs finish first

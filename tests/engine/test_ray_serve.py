@@ -1,7 +1,8 @@
 """veil's repository on Ray Serve: a local Ray cluster on loopback, started and stopped in this module.
 
 One module-scoped cluster (2 CPUs, 80 MiB object store) serves the toy `wide` model with two replicas of half a
-CPU each; stock ``tritonclient.http`` talks to Ray's HTTP proxy unchanged.
+CPU each; stock ``tritonclient.http`` talks to Ray's HTTP proxy unchanged, stock ``tritonclient.grpc`` to the
+front's gRPC server.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import pytest
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 th = pytest.importorskip("tritonclient.http")
+tg = pytest.importorskip("tritonclient.grpc")
 httpx = pytest.importorskip("httpx")
 
 from veil.engine import ray_serve  # noqa: E402
+from veil.engine.server_config import ServerConfig  # noqa: E402
 from veil.engine.toy import digits_model, write_repository  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -28,6 +31,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 # 0 keeps the test's own niceness. Serve kills a proxy not ready within 5 s: slow machines need longer.
 SLOW_MACHINE = {"RAY_worker_niceness": "0", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
                 "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
+
+
+ADMIN_TOKEN = "ray-test-token"
 
 
 def _free_port() -> int:
@@ -52,11 +58,12 @@ def cluster(tmp_path_factory):
             ray.shutdown()
             if attempt == 2 or "timed out during startup" not in str(exc):
                 raise
-    port = _free_port()
+    port, grpc_port = _free_port(), _free_port()
+    config = ServerConfig(repo=str(repo), host="127.0.0.1", grpc_port=grpc_port, admin_token=ADMIN_TOKEN)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run_many(ray_serve.app(repo, replicas=2, replica_cpus=0.5))
-        yield f"127.0.0.1:{port}", repo
+        serve.run_many(ray_serve.app(repo, config, replicas=2, replica_cpus=0.5))
+        yield f"127.0.0.1:{port}", repo, f"127.0.0.1:{grpc_port}"
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -84,7 +91,7 @@ def _replicas(url: str, want: int, timeout: float = 60.0, exclude: frozenset = f
 
 
 def test_two_replicas_answer_stock_tritonclient(cluster):
-    url, repo = cluster
+    url, repo, _ = cluster
     import onnxruntime as ort
 
     client = th.InferenceServerClient(url)
@@ -108,8 +115,48 @@ def test_two_replicas_answer_stock_tritonclient(cluster):
     assert adapter.headers["veil-replica"] in {r["replica"] for r in rows}
 
 
+def test_stock_grpc_client_through_the_front(cluster):
+    """The front's gRPC server: model calls answered by the model's replicas (same results and errors as
+    `veil serve`), statistics summed over replicas, the repository API behind the admin token."""
+    import onnxruntime as ort
+
+    url, repo, grpc_url = cluster
+    client = tg.InferenceServerClient(grpc_url)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("wide")
+    assert "ray_serve" in client.get_server_metadata(as_json=True)["extensions"]
+    assert client.get_model_metadata("wide", as_json=True)["outputs"][0]["name"] == "logits"
+    assert client.get_model_config("wide", as_json=True)["config"]["max_batch_size"] == 8
+    x = np.random.default_rng(1).normal(size=(2, 1, 8, 8)).astype(np.float32)
+    expected = ort.InferenceSession(str(repo / "wide" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    for _ in range(8):
+        tensor = tg.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        np.testing.assert_allclose(client.infer("wide", [tensor]).as_numpy("logits"), expected, rtol=1e-5, atol=1e-5)
+    rows = _replicas(url, 1, successes=8)
+    stats = client.get_inference_statistics("wide", as_json=True)["model_stats"][0]
+    assert int(stats["inference_stats"]["success"]["count"]) == sum(r["success_count"] for r in rows) >= 8
+    # errors keep the replica's message and map to the code `veil serve` gives
+    with pytest.raises(tg.InferenceServerException) as bad_shape:
+        wrong = tg.InferInput("x", [1, 3], "FP32")
+        wrong.set_data_from_numpy(np.ones((1, 3), np.float32))
+        client.infer("wide", [wrong])
+    assert bad_shape.value.status() == "StatusCode.INVALID_ARGUMENT" and "'x'" in bad_shape.value.message()
+    with pytest.raises(tg.InferenceServerException) as missing:
+        client.get_model_metadata("nope")
+    assert missing.value.status() == "StatusCode.NOT_FOUND" and "nope" in missing.value.message()
+    with pytest.raises(tg.InferenceServerException) as adapter:
+        client.get_model_metadata("wide:lora1")  # routed to a replica, which has no adapters
+    assert adapter.value.status() == "StatusCode.NOT_FOUND" and "adapter" in adapter.value.message()
+    # the repository API: refused without the token, Triton's index with it
+    with pytest.raises(tg.InferenceServerException) as refused:
+        client.get_model_repository_index()
+    assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+    index = client.get_model_repository_index(headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, as_json=True)
+    assert [(m["name"], m["state"]) for m in index["models"]] == [("wide", "READY")]
+
+
 def test_killed_replica_is_replaced_and_only_in_flight_requests_fail(cluster):
-    url, _ = cluster
+    url, _, _ = cluster
     before = _replicas(url, 2)
     assert len(before) == 2
     x = np.ones((1, 1, 8, 8), np.float32)
