@@ -19,8 +19,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_variable, "1")
 
-import torch  # noqa: E402
-from hypothesis import settings  # noqa: E402
+import torch
+from hypothesis import settings
 
 # CI (CI=true) explores the same hypothesis examples on every run: a fuzz test still finds new inputs on developers'
 # machines, but a submission's CI cannot fail on an input no earlier run drew (print_blob lets one reproduce it)
