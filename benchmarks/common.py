@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ def environment(threads: str = "", **versions: str) -> dict[str, str]:
 
 def command_line(script: str, argv: list[str] | None) -> str:
     """The command line that reproduces a run: ``python benchmarks/<script> [argv...]``."""
+    argv = sys.argv[1:] if argv is None else argv  # main(None) parsed the real command line
     return f"python benchmarks/{Path(script).name}" + (" " + " ".join(argv) if argv else "")
 
 
@@ -97,3 +99,37 @@ async def requests_per_second(port: int, request: bytes, n: int, concurrency: in
     start = time.perf_counter()
     await asyncio.gather(*(_keepalive(port, request, counter) for _ in range(concurrency)))
     return n / (time.perf_counter() - start)
+
+
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def grpc_infer_request(model: str, inputs: dict[str, Any]) -> bytes:
+    """A serialized ``ModelInferRequest`` for ``model`` with ``inputs`` (name -> float32 array) as raw contents."""
+    from veil.engine import proto
+
+    request = proto.msg.ModelInferRequest(model_name=model, raw_input_contents=[x.tobytes() for x in inputs.values()])
+    for name, x in inputs.items():
+        request.inputs.add(name=name, datatype="FP32", shape=x.shape)
+    return request.SerializeToString()
+
+
+async def grpc_requests_per_second(grpc_port: int, request: bytes, n: int, concurrency: int) -> float:
+    """Requests/s of ``n`` serialized ``ModelInferRequest`` s over one ``grpc.aio`` channel with ``concurrency``
+    calls in flight, after a warm-up round (the gRPC counterpart of :func:`requests_per_second`)."""
+    from grpc import aio
+
+    async with aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        call = channel.unary_unary(GRPC_INFER)
+
+        async def worker(counter: list[int]) -> None:
+            while counter[0] > 0:
+                counter[0] -= 1
+                await call(request)
+
+        warm = [concurrency * 4]
+        await asyncio.gather(*(worker(warm) for _ in range(concurrency)))
+        counter = [n]
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(counter) for _ in range(concurrency)))
+        return n / (time.perf_counter() - start)

@@ -47,7 +47,14 @@ WIDE_HIDDEN = 8192  # a compute-bound variant: 32 MB first layer, ~1.5 ms per ba
 SECTION = "serve_http"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import argument_parser, requests_per_second, save_results  # noqa: E402
+from common import (  # noqa: E402
+    GRPC_INFER,
+    argument_parser,
+    grpc_infer_request,
+    grpc_requests_per_second,
+    requests_per_second,
+    save_results,
+)
 
 
 def polycnn_model():
@@ -214,15 +221,7 @@ class RawHttp:
 
 
 def grpc_request_bytes(model: str) -> bytes:
-    from veil.engine import proto
-
-    x = np.random.default_rng(1).normal(size=(1, 1, 8, 8)).astype(np.float32)
-    request = proto.msg.ModelInferRequest(model_name=model, raw_input_contents=[x.tobytes()])
-    request.inputs.add(name="x", datatype="FP32", shape=x.shape)
-    return request.SerializeToString()
-
-
-INFER = "/inference.GRPCInferenceService/ModelInfer"
+    return grpc_infer_request(model, {"x": np.random.default_rng(1).normal(size=(1, 1, 8, 8)).astype(np.float32)})
 
 
 def _p50(calls: list[float]) -> float:
@@ -254,7 +253,7 @@ def bench_grpc_vs_http(port: int, grpc_port: int, n: int) -> dict:
     g_in.set_data_from_numpy(x)
     raw_http, http_bytes = RawHttp(port), http_request_bytes("digits")
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
-    raw_grpc, grpc_bytes = channel.unary_unary(INFER), grpc_request_bytes("digits")
+    raw_grpc, grpc_bytes = channel.unary_unary(GRPC_INFER), grpc_request_bytes("digits")
     grpc_live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
     http_live = b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     calls = {"stock_http": lambda: stock_http.infer("digits", [h_in]),
@@ -275,28 +274,9 @@ def bench_grpc_vs_http(port: int, grpc_port: int, n: int) -> dict:
             "live_ratio": round(p50["live_grpc"] / p50["live_http"], 3)}
 
 
-async def _grpc_throughput(grpc_port: int, request: bytes, n: int, concurrency: int) -> float:
-    from grpc import aio
-
-    async with aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-        call = channel.unary_unary(INFER)
-
-        async def worker(counter: list[int]) -> None:
-            while counter[0] > 0:
-                counter[0] -= 1
-                await call(request)
-
-        warm = [concurrency * 4]
-        await asyncio.gather(*(worker(warm) for _ in range(concurrency)))
-        counter = [n]
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(counter) for _ in range(concurrency)))
-        return n / (time.perf_counter() - start)
-
-
 def bench_protocol_throughput(port: int, grpc_port: int, n: int, concurrency: int) -> dict:
     http = asyncio.run(_throughput(port, "digits", n, concurrency))
-    grpc_rate = asyncio.run(_grpc_throughput(grpc_port, grpc_request_bytes("digits"), n, concurrency))
+    grpc_rate = asyncio.run(grpc_requests_per_second(grpc_port, grpc_request_bytes("digits"), n, concurrency))
     return {"concurrency": concurrency, "requests": n, "http_req_s": round(http, 1), "grpc_req_s": round(grpc_rate, 1),
             "ratio": round(grpc_rate / http, 2)}
 

@@ -36,11 +36,20 @@ import onnxruntime as ort
 import ray
 from ray import serve
 from veil.engine import ray_serve
+from veil.engine.server_config import ServerConfig
 from veil.engine.toy import digits_model, write_repository
 from veil.he.envelope import open_envelope
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import argument_parser, command_line, environment, requests_per_second, save_results
+from common import (
+    argument_parser,
+    command_line,
+    environment,
+    grpc_infer_request,
+    grpc_requests_per_second,
+    requests_per_second,
+    save_results,
+)
 
 SECTION = "serve_ray"
 WIDE_HIDDEN = 8192  # as benchmarks/serve_http.py: a 32 MB first layer
@@ -52,8 +61,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def samples(batch: int) -> np.ndarray:
+    return np.random.default_rng(1).normal(size=(batch, 1, 8, 8)).astype(np.float32)
+
+
 def request_bytes(port: int, batch: int) -> bytes:
-    x = np.random.default_rng(1).normal(size=(batch, 1, 8, 8)).astype(np.float32)
+    x = samples(batch)
     head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
                                    "parameters": {"binary_data_size": x.nbytes}}],
                        "parameters": {"binary_data_output": True}}).encode()
@@ -134,26 +147,32 @@ def bench_he_fanout(port: int, repo: Path, keyring: Path, ciphertexts: int, roun
 
 def markdown(results: dict, command: str) -> str:
     env, rows = results["environment"], results["runs"]
-    table = "\n".join(f"| {r['batch']} | {r['session_ms']} | {r['replicas']} | {r['req_s']} | {r['samples_s']} | "
-                      f"{r['per_replica']} |" for r in sorted(rows, key=lambda r: (r["batch"], r["replicas"])))
+    table = "\n".join(f"| {r['batch']} | {r['session_ms']} | {r['replicas']} | {r['transport']} | {r['req_s']} | "
+                      f"{r['samples_s']} | {r['per_replica']} |"
+                      for r in sorted(rows, key=lambda r: (r["batch"], r["transport"] != "http", r["replicas"])))
+    grpc = ", ".join(f"batch {b}: {v}x" for b, v in results["grpc_speedup"].items())
+    grpc_http = ", ".join(f"batch {b}: {v}x" for b, v in results["grpc_over_http"].items())
     speedups = ", ".join(f"batch {b}: **{v}x** ({'met' if v >= 1.6 else 'missed'})" for b, v in results["speedup"].items())
     busy = ", ".join(f"{100 * r['req_s'] * r['session_ms'] / 1e3:.0f} % at batch {r['batch']}" for r in rows
-                     if r["replicas"] == 1)  # share of its time one replica spends in ONNX Runtime
+                     if r["replicas"] == 1 and r["transport"] == "http")  # share of its time one replica spends in ONNX Runtime
     return f"""## Ray Serve: 2 replicas against 1 (issue 20 §3)
 
 Command: `{command}` — {env['date']}, {env['machine']}, Ray {env['ray']}, onnxruntime {env['onnxruntime']}.
 Model `wide` (`veil.engine.toy.digits_model`, hidden {WIDE_HIDDEN}); requests of each batch size, binary tensor
-extension, {results['concurrency']} keep-alive connections through Ray's HTTP proxy, {results['requests']} requests per
-setting; each replica reserves 1 CPU and runs ONNX Runtime on 1 thread. Client, proxy and replicas share the
-machine's cores (load average {results['load_before']} before the run: other processes share them too).
+extension, {results['concurrency']} keep-alive connections through Ray's HTTP proxy (`http`), or {results['concurrency']}
+calls in flight on one gRPC channel to the front's gRPC server (`grpc`, engine/ray_grpc.py: front -> replica by
+deployment handle), {results['requests']} requests per setting; each replica reserves 1 CPU and runs ONNX Runtime on
+1 thread. Client, proxy, front and replicas share the machine's cores (load average {results['load_before']} before the
+run: other processes share them too).
 
-| batch | session run alone (ms, 1 thread) | replicas | requests/s | samples/s | requests/s per replica |
-|---|---|---|---|---|---|
+| batch | session run alone (ms, 1 thread) | replicas | front | requests/s | samples/s | requests/s per replica |
+|---|---|---|---|---|---|---|
 {table}
 
-Speed-up of 2 replicas over 1 (target >= 1.6x): {speedups}. One replica alone spends only {busy} of its time
-in ONNX Runtime (requests/s x session run): Ray's HTTP proxy, one Python process on the same two cores, bounds
-the throughput, so a second replica has little to add here.
+Speed-up of 2 replicas over 1 through the HTTP proxy (target >= 1.6x): {speedups}; through the gRPC front: {grpc};
+gRPC over HTTP at 2 replicas: {grpc_http}. One replica alone spends {busy} of its time in ONNX Runtime
+(requests/s x session run); the rest is Ray's HTTP proxy (or the front) and the replica's own Python, all on the
+same two cores as the client: the smaller the request, the less a second replica can add.
 {he_markdown(results.get('he_fanout'))}"""
 
 
@@ -202,18 +221,24 @@ def main(argv: list[str] | None = None) -> int:
         # logical CPUs: the HE part reserves 1 replica + 2 workers (the replica waits while they evaluate)
         ray.init(num_cpus=max(os.cpu_count() or 2, 2) + 1, include_dashboard=False, log_to_driver=False,
                  object_store_memory=1024 * 2**20)  # a key upload passes through it (front -> replica)
-        port = free_port()
+        port, grpc_port = free_port(), free_port()
+        config = ServerConfig(repo=str(repo), host="127.0.0.1", grpc_port=grpc_port)  # + the front's gRPC server
         runs = []
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             for replicas in (1, 2):
-                serve.run_many(ray_serve.app(repo, replicas=replicas, replica_cpus=1))
-                for batch in args.batch:  # both batch sizes on the same deployment
-                    rate = asyncio.run(requests_per_second(port, request_bytes(port, batch), n, args.concurrency))
-                    runs.append({"batch": batch, "replicas": replicas, "req_s": round(rate, 1),
-                                 "samples_s": round(rate * batch, 1), "per_replica": round(rate / replicas, 1),
-                                 "session_ms": round(run_ms[batch], 3)})
-                    print(json.dumps(runs[-1]), file=sys.stderr)
+                serve.run_many(ray_serve.app(repo, config, replicas=replicas, replica_cpus=1))
+                for batch in args.batch:  # both batch sizes, both fronts, on the same deployment
+                    for transport in ("http", "grpc"):
+                        rate = asyncio.run(
+                            requests_per_second(port, request_bytes(port, batch), n, args.concurrency)
+                            if transport == "http" else
+                            grpc_requests_per_second(grpc_port, grpc_infer_request("wide", {"x": samples(batch)}), n,
+                                                     args.concurrency))
+                        runs.append({"transport": transport, "batch": batch, "replicas": replicas,
+                                     "req_s": round(rate, 1), "samples_s": round(rate * batch, 1),
+                                     "per_replica": round(rate / replicas, 1), "session_ms": round(run_ms[batch], 3)})
+                        print(json.dumps(runs[-1]), file=sys.stderr)
             for target in ray_serve.app(repo, replicas=1):
                 serve.delete(target.name)
             he = None
@@ -224,8 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             serve.shutdown()
             ray.shutdown()
-    rate = {(r["batch"], r["replicas"]): r["req_s"] for r in runs}
-    results = {"runs": runs, "speedup": {str(b): round(rate[b, 2] / rate[b, 1], 2) for b in args.batch},
+    rate = {(r["transport"], r["batch"], r["replicas"]): r["req_s"] for r in runs}
+    results = {"runs": runs, "speedup": {str(b): round(rate["http", b, 2] / rate["http", b, 1], 2) for b in args.batch},
+               "grpc_speedup": {str(b): round(rate["grpc", b, 2] / rate["grpc", b, 1], 2) for b in args.batch},
+               "grpc_over_http": {str(b): round(rate["grpc", b, 2] / rate["http", b, 2], 2) for b in args.batch},
                "batch": args.batch, "concurrency": args.concurrency, "requests": n, "load_before": load,
                **({"he_fanout": he} if he is not None else {}),
                "environment": environment(ray=ray.__version__, onnxruntime=ort.__version__)}
