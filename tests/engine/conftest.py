@@ -7,7 +7,7 @@ import json
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +124,48 @@ def oip():
     """The helpers above as one fixture (tests run in importlib mode and cannot import conftest)."""
     return types.SimpleNamespace(binary_body=binary_body, decode=decode_binary_response, live_server=live_server,
                                  make_config=make_config, token=TOKEN)
+
+
+def _write_lora_toy(folder: Path) -> None:
+    """An adapter-as-input model as `veil export adapters` writes one (``lora.A``/``lora.B`` graph inputs whose
+    initializers are zeros) and one adapter ``t1``, built directly (exporting a transformer costs ~9 s of CPU)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from veil.engine.toy import affine_weights
+
+    w, b = affine_weights()
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["base"]),
+             helper.make_node("MatMul", ["x", "lora.A"], ["xa"]), helper.make_node("MatMul", ["xa", "lora.B"], ["d"]),
+             helper.make_node("Add", ["base", "d"], ["y"])]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "lora_toy",
+        [value("x", TensorProto.FLOAT, ["batch", 4]), value("lora.A", TensorProto.FLOAT, [4, 2]),
+         value("lora.B", TensorProto.FLOAT, [2, 3])], [value("y", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b"),
+                     numpy_helper.from_array(np.zeros((4, 2), np.float32), "lora.A"),
+                     numpy_helper.from_array(np.zeros((2, 3), np.float32), "lora.B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (folder / "1").mkdir(parents=True)
+    (folder / "adapters").mkdir()
+    onnx.save(model, folder / "1" / "model.onnx")
+    (folder / "config.pbtxt").write_text(
+        'name: "tiny"\nbackend: "onnxruntime"\nmax_batch_size: 4\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\noutput [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+        'dynamic_batching { max_queue_delay_microseconds: 500 }\n')
+    rng = np.random.default_rng(0)
+    adapter = ort.AdapterFormat()
+    adapter.set_adapter_version(1)
+    adapter.set_model_version(1)
+    adapter.set_parameters({n: ort.OrtValue.ortvalue_from_numpy(rng.normal(size=shape).astype(np.float32))
+                            for n, shape in (("lora.A", (4, 2)), ("lora.B", (2, 3)))})
+    adapter.export_adapter(str(folder / "adapters" / "t1.onnx_adapter"))
+
+
+@pytest.fixture(scope="session")
+def write_lora_toy() -> Callable[[Path], None]:
+    """``write_lora_toy(folder)`` writes the adapter model ``tiny`` (an affine graph, ORT LoRA inputs ``lora.A`` /
+    ``lora.B``, one adapter ``t1``) into ``folder`` (the gRPC kinds and Ray tests serve it)."""
+    return _write_lora_toy

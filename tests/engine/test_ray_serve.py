@@ -1,7 +1,7 @@
 """veil's repository on Ray Serve: a local Ray cluster on loopback, started and stopped in this module.
 
 One module-scoped cluster (2 CPUs, 80 MiB object store) serves the toy `wide` model with two replicas of half a
-CPU each; stock ``tritonclient.http`` talks to Ray's HTTP proxy unchanged, stock ``tritonclient.grpc`` to the
+CPU each and the adapter model `tiny` with one; stock ``tritonclient.http`` talks to Ray's HTTP proxy unchanged, stock ``tritonclient.grpc`` to the
 front's gRPC server.
 """
 
@@ -43,9 +43,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, write_lora_toy):
+    """`wide` with 2 replicas (its config.pbtxt instance_group count) and the adapter model `tiny` with 1."""
     repo = write_repository(tmp_path_factory.mktemp("ray") / "repo", {"wide": digits_model(hidden=256)},
                             max_batch_size=8)
+    pbtxt = repo / "wide" / "config.pbtxt"
+    pbtxt.write_text(pbtxt.read_text().replace("count: 1", "count: 2"))
+    write_lora_toy(repo / "tiny")
     # the local cluster's processes inherit this environment
     saved = {k: os.environ.get(k) for k in SLOW_MACHINE}
     os.environ.update(SLOW_MACHINE)
@@ -62,7 +66,7 @@ def cluster(tmp_path_factory):
     config = ServerConfig(repo=str(repo), host="127.0.0.1", grpc_port=grpc_port, admin_token=ADMIN_TOKEN)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run_many(ray_serve.app(repo, config, replicas=2, replica_cpus=0.5))
+        serve.run_many(ray_serve.app(repo, config, replica_cpus=0.5))
         yield f"127.0.0.1:{port}", repo, f"127.0.0.1:{grpc_port}"
     finally:
         serve.shutdown()
@@ -152,7 +156,44 @@ def test_stock_grpc_client_through_the_front(cluster):
         client.get_model_repository_index()
     assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
     index = client.get_model_repository_index(headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, as_json=True)
-    assert [(m["name"], m["state"]) for m in index["models"]] == [("wide", "READY")]
+    assert [(m["name"], m["state"]) for m in index["models"]] == [("tiny", "READY"), ("wide", "READY")]
+
+
+def test_adapters_are_multiplexed_over_both_fronts(cluster):
+    """An adapter request, by Ray's multiplexing header, by `<model>:<adapter>` through the front, and over gRPC,
+    gives the base graph plus x A B of the adapter's own arrays; the replica's adapter cache holds it."""
+    import onnxruntime as ort
+    from veil.engine.toy import affine_weights
+
+    url, repo, grpc_url = cluster
+    arrays = {name: value.numpy() for name, value in
+              ort.AdapterFormat.read_adapter(str(repo / "tiny" / "adapters" / "t1.onnx_adapter")).get_parameters().items()}
+    w, b = affine_weights()
+    x = np.random.default_rng(2).normal(size=(2, 4)).astype(np.float32)
+    base, expected = x @ w + b, x @ w + b + x @ arrays["lora.A"] @ arrays["lora.B"]
+    tensor = th.InferInput("x", [2, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    client = th.InferenceServerClient(url)
+    np.testing.assert_allclose(client.infer("tiny", [tensor]).as_numpy("y"), base, rtol=1e-5, atol=1e-5)
+    routed = client.infer("tiny", [tensor], headers={ray_serve.MULTIPLEX_HEADER: "t1"}).as_numpy("y")
+    by_name = client.infer("tiny:t1", [tensor]).as_numpy("y")  # through the front, forwarded with the adapter
+    g_tensor = tg.InferInput("x", [2, 4], "FP32")
+    g_tensor.set_data_from_numpy(x)
+    over_grpc = tg.InferenceServerClient(grpc_url).infer("tiny:t1", [g_tensor]).as_numpy("y")
+    for got in (routed, by_name, over_grpc):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert np.abs(expected - base).max() > 1e-3  # the adapter changes the answer
+    with pytest.raises(tg.InferenceServerException) as unknown:
+        tg.InferenceServerClient(grpc_url).infer("tiny:nope", [g_tensor])
+    assert unknown.value.status() == "StatusCode.NOT_FOUND" and "nope" in unknown.value.message()
+    deadline = time.monotonic() + 30
+    while True:  # replicas report every REPORT_S
+        stats = httpx.get(f"http://{url}/v2/models/tiny/stats", timeout=10).json()["model_stats"][0]
+        caches = [r.get("adapter_cache", {}) for r in stats["replicas"]]
+        if any("t1" in str(c) for c in caches) or time.monotonic() > deadline:
+            break
+        time.sleep(ray_serve.REPORT_S)
+    assert any("t1" in str(c) for c in caches), stats
 
 
 def test_killed_replica_is_replaced_and_only_in_flight_requests_fail(cluster):
