@@ -24,7 +24,7 @@ EXAMPLE = """example:
   veil serve --repo models/ --port 8000 --grpc-port 8001
   curl -s localhost:8000/v2/models/digits
   VEIL_ADMIN_TOKEN=s3cret veil serve --repo models/
-  veil serve --repo models/ --ray --replicas 2          # Ray Serve: 2 replicas per model on a local cluster
+  veil serve --repo models/ --ray --replicas 2 --grpc-port 8001   # Ray Serve: 2 replicas per model, REST + gRPC
 """
 
 

@@ -39,7 +39,7 @@ class ServerConfig(Config):
     host: str = field("127.0.0.1", "address to bind (keep 127.0.0.1 unless a proxy fronts the server)")
     port: int = field(8000, "TCP port")
     grpc_port: int | None = field(None, "also serve the OIP v2 gRPC API (inference.GRPCInferenceService) on this port "
-                                        "(0: a free one); off when unset")
+                                        "(0: a free one; with --ray: on the front replica); off when unset")
     grpc_max_message_mb: float = field(64.0, "largest gRPC message in MiB, received or sent (RESOURCE_EXHAUSTED "
                                              "beyond)")
     admin_token: str | None = field(None, "enable the repository API behind 'Authorization: Bearer TOKEN' "
