@@ -23,7 +23,7 @@ import asyncio
 import functools
 import hmac
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 from fastapi import Request
@@ -234,41 +234,64 @@ async def repository_unload(request: Request, model: str) -> Response:
 
 
 # -- encrypted inference --------------------------------------------------------------------------------
+def key_upload_bounds(plane: DataPlane) -> tuple[int, str]:
+    """The largest key bundle ``POST /v2/he/keys`` accepts and the setting that bounds it: what the largest served
+    plan's key manifest needs (:func:`~veil.engine.he_model.key_upload_limit`), or the store's quota if smaller.
+
+    Raises:
+        ModelNotFound: no encrypted-inference model is loaded, so no key is accepted.
+    """
+    from .he_model import key_upload_limit
+
+    store, limit = plane.keystore(), key_upload_limit(plane)
+    if limit is None:
+        raise ModelNotFound("POST /v2/he/keys: no encrypted-inference (veil_he) model is loaded, so no key is accepted")
+    if store.quota_bytes < limit:
+        return store.quota_bytes, "--he-key-quota-mb"
+    return limit, "the largest served HE plan's key bundle"
+
+
+async def spool_key_upload(request: Request, limit: int, flag: str, spool: BinaryIO) -> None:
+    """Write the request body into ``spool`` as it arrives, never more than ``limit`` bytes (checked against the
+    declared length before reading, then while reading).
+
+    Raises:
+        PayloadTooLarge: naming ``flag``, the setting that bounds it. RequestTimeout: the body arrives too slowly.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"key bundle: expected at most {limit} bytes ({flag}), received {declared}")
+    size = 0
+    async for chunk in _timed_stream(request):
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"key bundle: expected at most {limit} bytes ({flag}), received more")
+        spool.write(chunk)
+
+
+async def register_key_bytes(store: Any, body: bytes, source: str, key_secret: str | None) -> dict[str, Any]:
+    """Register a key bundle (off the event loop: parsing ~100 MiB of keys takes seconds) -> the response body."""
+    reg = await asyncio.to_thread(store.register, body, source=source, key_secret=key_secret)
+    return {"key_id": reg.key_id, "key_secret": reg.key_secret, "bytes": reg.size, "ttl_seconds": store.ttl_seconds}
+
+
 async def register_he_keys(request: Request) -> Response:
     """``POST /v2/he/keys``: a veil evaluation-key bundle (relinearization + Galois keys, no secret key)
     -> ``{"key_id", "key_secret"}`` to pass as ``parameters.key_id`` / ``parameters.key_secret`` on encrypted
     inference requests. Renewing a registered key set takes ``Authorization: Bearer <key_secret>``.
 
-    The body is capped at what the largest served plan's key manifest needs (:func:`key_upload_limit`),
-    checked against the declared length before reading, and spooled to an unnamed file while it arrives."""
-    import asyncio
+    The body is capped (:func:`key_upload_bounds`) and spooled to an unnamed file while it arrives."""
     import tempfile
 
-    from .he_model import key_upload_limit
-
     plane = _plane(request)
-    store, limit = plane.keystore(), key_upload_limit(plane)
-    if limit is None:
-        raise ModelNotFound("POST /v2/he/keys: no encrypted-inference (veil_he) model is loaded, so no key is accepted")
-    flag = "the largest served HE plan's key bundle"
-    if store.quota_bytes < limit:
-        limit, flag = store.quota_bytes, "--he-key-quota-mb"
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"key bundle: expected at most {limit} bytes ({flag}), received {declared}")
+    limit, flag = key_upload_bounds(plane)
+    store = plane.keystore()
     with tempfile.TemporaryFile(dir=store.root) as spool:  # unnamed where the OS allows; never in memory whole
-        size = 0
-        async for chunk in _timed_stream(request):
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"key bundle: expected at most {limit} bytes ({flag}), received more")
-            spool.write(chunk)
+        await spool_key_upload(request, limit, flag, spool)
         spool.seek(0)
         body = spool.read()
     source = request.client.host if request.client is not None else "unknown"
-    reg = await asyncio.to_thread(store.register, body, source=source, key_secret=bearer_token(request))
-    return _json({"key_id": reg.key_id, "key_secret": reg.key_secret, "bytes": reg.size,
-                  "ttl_seconds": store.ttl_seconds})
+    return _json(await register_key_bytes(store, body, source, bearer_token(request)))
 
 
 async def delete_he_keys(request: Request, key_id: str) -> Response:

@@ -13,7 +13,8 @@ runs veil's gRPC service itself and routes by the request's model name:
     RepositoryIndex / Load / Unload                           here, behind the admin token, as over HTTP
 
 A ``<model>:<adapter>`` name is routed with Ray's multiplexing to a replica already holding that adapter.
-An error a replica answered comes back as :class:`~veil.engine.errors.ReplicaError` with its status and message.
+An error a replica answered comes back as :class:`~veil.engine.errors.ReplicaError` with its status and message
+(:func:`~veil.engine.ray_serve.replica_answer`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from google.protobuf import json_format
 from grpc import aio
 
 from . import proto
-from .errors import ModelNotFound, ReplicaError
+from .errors import ModelNotFound
 from .grpc_server import EXTENSIONS, check_admin
+from .ray_serve import replica_answer
 from .repository import check_model_name
 
 if TYPE_CHECKING:
@@ -51,10 +53,7 @@ class RayInferenceService:
         if model not in self.front.models:
             raise ModelNotFound(f"model '{model}' is not loaded; loaded models: {sorted(self.front.models)}")
         handle = self.front.model_handle(model, adapter)
-        status, payload = await handle.rpc.remote(method, request.SerializeToString())
-        if status:
-            raise ReplicaError(status, payload.decode())
-        return proto.METHODS[method][1].FromString(payload)
+        return proto.METHODS[method][1].FromString(replica_answer(await handle.rpc.remote(method, request.SerializeToString())))
 
     async def ServerLive(self, request: Any, context: aio.ServicerContext) -> Any:
         return msg.ServerLiveResponse(live=True)

@@ -65,13 +65,14 @@ from . import proto
 from .errors import (
     EngineError,
     ModelNotFound,
+    ReplicaError,
     RepositoryApiDisabled,
     Unauthorized,
     add_exception_handlers,
     grpc_code,
     http_status,
 )
-from .http import EXTENSIONS, bearer_token
+from .http import EXTENSIONS, bearer_token, key_upload_bounds, register_key_bytes, spool_key_upload
 from .repository import check_model_name, index, read_model
 from .server import ServerConfig, create_app
 
@@ -275,21 +276,44 @@ class VeilModel:
         status, out, content = await _call_asgi(self.veil, method, path, query, headers, body, client)
         return status, [*out, (REPLICA_HEADER, self.replica.encode())], content
 
-    async def rpc(self, method: str, payload: bytes) -> tuple[int, bytes]:
+    async def rpc(self, method: str, payload: bytes) -> tuple[int, bytes | str]:
         """A gRPC call the front received (veil.engine.ray_grpc), answered by veil's gRPC service over this
         replica's data plane: ``(0, serialized response)``, or ``(HTTP status, message)`` for an error, which the
         front passes on with that status's gRPC code."""
-        self.start_reporting()
-        try:
+        async def call() -> bytes:
             await self._multiplexed_adapter()
             request = proto.METHODS[method][0].FromString(payload)
-            response = await getattr(self.grpc_service, method)(request, None)
-            return 0, response.SerializeToString()
+            return (await getattr(self.grpc_service, method)(request, None)).SerializeToString()
+
+        return await self._answer(f"gRPC {method}", call)
+
+    async def key_bounds(self) -> tuple[int, Any]:
+        """``(0, (limit, flag, key folder))`` for the front's key upload, or ``(HTTP status, message)``."""
+        async def call() -> tuple[int, str, str]:
+            limit, flag = key_upload_bounds(self.plane)
+            return limit, flag, str(self.plane.keystore().root)
+
+        return await self._answer("key upload bounds", call)
+
+    async def register_key_file(self, path: str, source: str, key_secret: str | None) -> tuple[int, Any]:
+        """Register the key bundle the front spooled to ``path`` in the shared key folder (the upload never passes
+        through Ray's object store): ``(0, response body)`` or ``(HTTP status, message)``."""
+        async def call() -> dict[str, Any]:
+            store = self.plane.keystore()
+            body = await asyncio.to_thread(Path(path).read_bytes)
+            return await register_key_bytes(store, body, source, key_secret)
+
+        return await self._answer("key registration", call)
+
+    async def _answer(self, what: str, call: Any) -> tuple[int, Any]:
+        """``(0, await call())``, or ``(HTTP status, message)`` for what it raised (a server fault logged once)."""
+        try:
+            return 0, await call()
         except Exception as exc:
             code, message = grpc_code(exc)
             if code == "INTERNAL" and not isinstance(exc, EngineError):
-                logger.error("internal error on gRPC %s (Ray replica %s)", method, self.replica, exc_info=exc)
-            return http_status(exc), message.encode()
+                logger.error("internal error on %s (Ray replica %s)", what, self.replica, exc_info=exc)
+            return http_status(exc), message
 
     async def _multiplexed_adapter(self) -> None:
         """Load the adapter Ray routed this request for (``serve_multiplexed_model_id``), if any."""
@@ -440,6 +464,7 @@ class VeilFront(_Board):
         app.add_api_route("/v2/repository/models/{model}/load", self.repository_load, methods=["POST"])
         app.add_api_route("/v2/repository/models/{model}/unload", self.repository_unload, methods=["POST"])
         add_exception_handlers(app)
+        app.state.body_timeout_s = self.config.body_timeout_s  # a key upload arriving too slowly: 408
         return app
 
     async def server_metadata(self, request: Request) -> Response:
@@ -475,12 +500,27 @@ class VeilFront(_Board):
         return await self._forward(request, name, adapter)
 
     async def he_keys(self, request: Request, key_id: str | None = None) -> Response:
-        """Key registration goes to a replica of an encrypted-inference model; the store is the shared folder."""
+        """Key registration is done by a replica of an encrypted-inference model; the store is the shared folder.
+
+        An upload (up to ~290 MiB) is spooled here straight into that folder and the replica registers it from the
+        file, so it never passes through Ray's object store (a ~170 MiB key set stalled a 200 MiB store when it
+        was forwarded as a message); a DELETE is forwarded."""
+        import tempfile
+
         he = [m for m in self.models if read_model(self.repo / m).config.backend == "veil_he"]
         if not he:
             raise ModelNotFound("POST /v2/he/keys: no encrypted-inference (veil_he) model is loaded, so no key is "
                                 "accepted")
-        return await self._forward(request, he[0])
+        if request.method != "POST":
+            return await self._forward(request, he[0])
+        handle = self.model_handle(he[0])
+        limit, flag, folder = replica_answer(await handle.key_bounds.remote())
+        client = request.client.host if request.client is not None else "unknown"
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".upload-", suffix=".part") as spool:
+            await spool_key_upload(request, limit, flag, spool)
+            spool.flush()
+            body = replica_answer(await handle.register_key_file.remote(spool.name, client, bearer_token(request)))
+        return _json(body)
 
     def _check_admin(self, request: Request) -> None:
         token = self.config.admin_token
@@ -531,6 +571,14 @@ class VeilFront(_Board):
             raise ModelNotFound(f"model '{model}' is not loaded; loaded models: {sorted(self.models)}")
         self.models.remove(model)
         await asyncio.to_thread(serve.delete, model_app_name(model))
+
+
+def replica_answer(answer: tuple[int, Any]) -> Any:
+    """The value of a replica's ``(0, value)`` answer; its ``(status, message)`` raised as ReplicaError."""
+    status, value = answer
+    if status:
+        raise ReplicaError(status, value)
+    return value
 
 
 def _json(content: Any, status_code: int = 200) -> Response:

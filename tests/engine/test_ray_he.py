@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -109,7 +110,21 @@ def test_veil_serve_ray_with_he_workers_splits_requests(he_repo, cluster, tmp_pa
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         serve.run_many(ray_serve.app(he_repo, replicas=1, replica_cpus=0.5, he_workers=2, he_worker_cpus=0.25))
+        # keys: the front spools the upload into the shared key folder and a replica registers it from there
         session = HeSession.create(f"http://127.0.0.1:{port}", "tiny-he", tmp_path / "k.keyring")
+        key_dir = he_repo / ".he-keys"
+        assert (key_dir / f"{session.key_id}.evk").is_file() and not list(key_dir.glob(".upload-*"))
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:  # declares 1 TiB, sends 64 bytes
+            raw.sendall(f"POST /v2/he/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {2**40}\r\n\r\n".encode()
+                        + b"\0" * 64)
+            chunks = []
+            while chunk := raw.recv(65536):  # the server closes the connection after a 413
+                chunks.append(chunk)
+            answer = b"".join(chunks).decode(errors="replace")
+        assert answer.startswith("HTTP/1.1 413") and "key bundle: expected at most" in answer, answer
+        garbage = httpx.post(f"http://127.0.0.1:{port}/v2/he/keys", content=b"not keys", timeout=30)
+        assert garbage.status_code == 400, garbage.text  # the replica's refusal, passed on with its status
+        assert not list(key_dir.glob(".upload-*"))
         x = np.random.default_rng(2).normal(size=(2 * session.layout(0).batch_capacity, 6)).astype(np.float32)
         logits = session.decrypt(session.infer(session.encrypt(x)))
         stats = serve.get_app_handle(ray_serve.model_app_name("tiny-he")).he_worker_stats.remote().result()
