@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import json_format
 from grpc import aio
 
+from veil import __version__
+
 from . import proto
 from .errors import ModelNotFound
 from .grpc_server import EXTENSIONS, check_admin
@@ -63,7 +65,7 @@ class RayInferenceService:
 
     async def ServerMetadata(self, request: Any, context: aio.ServicerContext) -> Any:
         extensions = EXTENSIONS + ["model_repository"] * (self.front.config.admin_token is not None) + ["ray_serve"]
-        return msg.ServerMetadataResponse(name="veil", version=self.front.version, extensions=extensions)
+        return msg.ServerMetadataResponse(name="veil", version=__version__, extensions=extensions)
 
     async def ModelReady(self, request: Any, context: aio.ServicerContext) -> Any:
         return await self._forward("ModelReady", request.name, request)

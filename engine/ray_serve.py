@@ -418,11 +418,10 @@ class VeilFront(_Board):
 
     async def __init__(self, config: dict[str, Any], ray: dict[str, Any]) -> None:
         self.config, self.ray = ServerConfig.from_dict(config), RayConfig.from_dict(ray)
-        self.version = __version__
         self.reports = {}
         self.repo = Path(self.config.repo)
         self.models: list[str] = list(index(self.repo))
-        self._grpc: Any = None
+        self._grpc: Any = None  # the grpc.aio server: held here, or it is garbage-collected and stops serving
         self._grpc_port: int | None = None
         if self.config.grpc_port is not None:  # the OIP gRPC front (veil.engine.ray_grpc), on this replica's loop
             from .ray_grpc import start

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 # `make test` spreads files over two xdist workers on two cores: each worker (and every process it starts) gets
@@ -85,3 +86,22 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         pytest.fail(f"isolated run of {pyfuncitem.nodeid} failed (exit {done.returncode}):\n"
                     f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}", pytrace=False)
     return True
+
+
+@pytest.fixture(scope="session")
+def tiny_polymlp(tmp_path_factory: pytest.TempPathFactory):
+    """(checkpoint folder, splits) of a tiny ULD-Net PolyMLP on a 3-class 6-feature task, for the HE tests
+    (engine serving, Ray, gRPC kinds, the client-only install)."""
+    from veil.training.uldnet import ModelConfig, TrainConfig, save_uldnet, train_uldnet
+    from veil.training.uldnet.data import split_stratified
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 40)
+    x = rng.normal(size=(120, 6)).astype(np.float32)
+    x[np.arange(120), y] += 3.0
+    data = split_stratified(x, y, ["a", "b", "c"], "test")
+    result = train_uldnet(ModelConfig(arch="mlp", input_shape=[6], num_classes=3, width=8),
+                          TrainConfig(epochs=8, warmup_epochs=2, lr=1e-2, batch_size=16), data, progress=False)
+    checkpoint = tmp_path_factory.mktemp("polymlp") / "ck"
+    save_uldnet(result, checkpoint, data)
+    return checkpoint, data

@@ -21,6 +21,16 @@ def test_write_section_replaces_one_section_at_level_two(load_benchmark, tmp_pat
     assert json.loads((tmp_path / "results" / "mine.json").read_text()) == {"x": 1}
 
 
+def test_command_line_records_the_flags_of_a_shell_run(load_benchmark, monkeypatch) -> None:
+    """A benchmark run from the shell calls main(None): its section must name the flags it ran with (it printed
+    the bare script before)."""
+    common = load_benchmark("common")
+    monkeypatch.setattr("sys.argv", ["benchmarks/serve_ray.py", "--quick", "--batch", "8"])
+    assert common.command_line("benchmarks/serve_ray.py", None) == "python benchmarks/serve_ray.py --quick --batch 8"
+    assert common.command_line("benchmarks/serve_ray.py", []) == "python benchmarks/serve_ray.py"
+    assert common.command_line("x/serve_ray.py", ["--seeds", "0"]) == "python benchmarks/serve_ray.py --seeds 0"
+
+
 @pytest.mark.slow
 def test_uldnet_digits_benchmark_smoke(load_benchmark, tmp_path) -> None:
     module = load_benchmark("uldnet_digits")

@@ -33,24 +33,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def tiny_polymlp(tmp_path_factory: pytest.TempPathFactory):
-    """(checkpoint folder, splits) of a tiny ULD-Net PolyMLP on a 3-class 6-feature task, for the HE tests."""
-    from veil.training.uldnet import ModelConfig, TrainConfig, save_uldnet, train_uldnet
-    from veil.training.uldnet.data import split_stratified
-
-    rng = np.random.default_rng(0)
-    y = np.repeat(np.arange(3), 40)
-    x = rng.normal(size=(120, 6)).astype(np.float32)
-    x[np.arange(120), y] += 3.0
-    data = split_stratified(x, y, ["a", "b", "c"], "test")
-    result = train_uldnet(ModelConfig(arch="mlp", input_shape=[6], num_classes=3, width=8),
-                          TrainConfig(epochs=8, warmup_epochs=2, lr=1e-2, batch_size=16), data, progress=False)
-    checkpoint = tmp_path_factory.mktemp("polymlp") / "ck"
-    save_uldnet(result, checkpoint, data)
-    return checkpoint, data
-
-
 def make_config(repo: Path, **kwargs) -> ServerConfig:
     return ServerConfig(repo=str(repo), log_level="warning", intra_op_threads=1, **kwargs)
 

@@ -19,7 +19,7 @@ GL2_PRIOR = {"family": "gaussian", "mean": [0.2, -0.1], "std": [0.06, 0.06]}
 
 
 @pytest.fixture(scope="module")
-def kinds_repo(tmp_path_factory, write_lora_toy):
+def kinds_repo(tmp_path_factory, write_lora_toy, tiny_polymlp):
     """plain + tiny-he (latency HE plan), codec, gl2 (sampler), tiny (an affine graph with one ORT LoRA adapter)."""
     from veil.export import export_uldnet
     from veil.export.codec import export_codec
@@ -35,21 +35,12 @@ def kinds_repo(tmp_path_factory, write_lora_toy):
         save_sampler,
         train_score,
     )
-    from veil.training.uldnet import ModelConfig, TrainConfig, save_uldnet, train_uldnet
-    from veil.training.uldnet.data import split_stratified
 
     root = tmp_path_factory.mktemp("grpc-kinds")
     repo = root / "repo"
-    rng = np.random.default_rng(0)
-    y = np.repeat(np.arange(3), 20)
-    x = rng.normal(size=(60, 6)).astype(np.float32)
-    x[np.arange(60), y] += 3.0
-    data = split_stratified(x, y, ["a", "b", "c"], "test")
-    result = train_uldnet(ModelConfig(arch="mlp", input_shape=[6], num_classes=3, width=8),
-                          TrainConfig(epochs=2, warmup_epochs=1, lr=1e-2, batch_size=16), data, progress=False)
-    save_uldnet(result, root / "ck", data)
-    export_uldnet(root / "ck", repo, name="plain")
-    export_he(root / "ck", repo, "tiny-he", mode="latency")
+    checkpoint, data = tiny_polymlp
+    export_uldnet(checkpoint, repo, name="plain")
+    export_he(checkpoint, repo, "tiny-he", mode="latency")
 
     images = skimage_images(("camera",))
     codec = CodecModelConfig(d=8, bits=[4, 4, 4, 4, 6, 6, 6, 8, 8, 8], channels=[8, 8, 8, 8], prior_width=16,

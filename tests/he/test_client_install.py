@@ -67,26 +67,17 @@ def client_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served(tmp_path_factory: pytest.TempPathFactory, tiny_polymlp):
     """`veil serve` (full install) on an HE plan and the ONNX export of a tiny 3-class PolyMLP."""
     from veil.export import export_uldnet
     from veil.export.he import export_he
-    from veil.training.uldnet import ModelConfig, TrainConfig, save_uldnet, train_uldnet
-    from veil.training.uldnet.data import split_stratified
 
     from veil.demo import running_server
 
-    rng = np.random.default_rng(0)
-    y = np.repeat(np.arange(3), 40)
-    x = rng.normal(size=(120, 6)).astype(np.float32)
-    x[np.arange(120), y] += 3.0
-    data = split_stratified(x, y, ["a", "b", "c"], "test")
-    result = train_uldnet(ModelConfig(arch="mlp", input_shape=[6], num_classes=3, width=8),
-                          TrainConfig(epochs=8, warmup_epochs=2, lr=1e-2, batch_size=16), data, progress=False)
+    checkpoint, data = tiny_polymlp
     root = tmp_path_factory.mktemp("served")
-    save_uldnet(result, root / "ck", data)
-    export_uldnet(root / "ck", root / "repo", name="plain")
-    export_he(root / "ck", root / "repo", "tiny-he", mode="latency")
+    export_uldnet(checkpoint, root / "repo", name="plain")
+    export_he(checkpoint, root / "repo", "tiny-he", mode="latency")
     with running_server(root / "repo") as url:
         yield url, root / "repo", data.x_test[:3]
 
