@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -43,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_serving"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import argument_parser, command_line, save_results  # noqa: E402
+from common import argument_parser, command_line, environment, save_results  # noqa: E402
 
 
 def build_repo(root: Path, quick: bool, adapters: int, max_batch: int) -> tuple[Path, int]:
@@ -148,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         result = [bench(repo, vocab, n, adapters, args.concurrency, sequence, rounds) for sequence in (16, 32)]
     results = {"model": "tiny random BERT (quick)" if args.quick else "all-MiniLM-L6-v2", "bench": result,
                "max_batch": args.max_batch,
-               "environment": {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-                               "onnxruntime": ort.__version__, "threads": physical_cores()}}
+               "environment": environment(onnxruntime=ort.__version__) | {"threads": physical_cores()}}
     command = command_line(__file__, argv)
     save_results(args.out, SECTION, results, markdown(results, command))
     print(json.dumps(results, indent=2))

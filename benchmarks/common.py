@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import re
 import sys
 import time
@@ -14,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from veil.config import write_atomic
+from veil.machine import describe
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -52,9 +51,9 @@ def save_figure(fig: Any, path: Path) -> None:
 
 
 def environment(threads: str = "", **versions: str) -> dict[str, str]:
-    """Where and when a benchmark ran: date, machine (``threads`` appended, e.g. "1 thread") and package versions."""
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs" + (f", {threads}" if threads else "")
-    return {"date": time.strftime("%Y-%m-%d"), "machine": machine, **versions}
+    """Where and when a benchmark ran: date, machine with its processor model and vector extensions (``threads``
+    appended, e.g. "1 thread") and package versions."""
+    return {"date": time.strftime("%Y-%m-%d"), "machine": describe(threads), **versions}
 
 
 def command_line(script: str, argv: list[str] | None) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,8 @@ from veil.export.encoder import (
 )
 from veil.export.onnx_export import export_graph
 from veil.export.quantize import quantize_dynamic_int8
+
+from veil.machine import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_results
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batch {batch}: " + ", ".join(f"{n} {v:.2f} ms" for n, v in medians.items()), file=sys.stderr)
 
     speedup = results["batch8"]["speedup_vs_torch"]["ort_fp32_fused"]
-    report = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "threads": threads,
+    report = {"date": time.strftime("%Y-%m-%d"), "machine": describe(), "threads": threads,
               "torch": torch.__version__, "onnxruntime": ort.__version__, "sequence": args.sequence,
               "rounds": args.rounds, "load_average_1min": {"start": load_before, "end": os.getloadavg()[0]},
               "fused_ops": {"ort_fp32_fused": counts, "ort_fp32_fused_mha": counts_mha}, "quality": quality,

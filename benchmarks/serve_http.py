@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     GRPC_INFER,
     argument_parser,
+    environment,
     grpc_infer_request,
     grpc_requests_per_second,
     requests_per_second,
@@ -409,10 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             server.terminate()
             server.wait(timeout=30)
     results = {"runtime": runtime, "http": http, "grpc_vs_http": protocols, "protocol_throughput": throughput,
-               "batching_c1": batching_c1, "batching": batching, "timers": bench_timers(), "environment": {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "onnxruntime": ort.__version__, "threads": physical_cores(), "python": platform.python_version(),
-        "load_average_1min": round(os.getloadavg()[0], 2)}}
+               "batching_c1": batching_c1, "batching": batching, "timers": bench_timers(), "environment": environment(
+        onnxruntime=ort.__version__, python=platform.python_version()) | {
+        "threads": physical_cores(), "load_average_1min": round(os.getloadavg()[0], 2)}}
     argv = sys.argv[1:] if argv is None else argv  # the command line as run, --quick included
     command = "python benchmarks/serve_http.py" + (" " + " ".join(argv) if argv else "")
     save_results(args.out, SECTION, results, markdown(results, command))

@@ -47,12 +47,14 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
     "games": ("Nash equilibria: regret matching (RM+ .. MI-SPRM+), CFR on OpenSpiel games",
               {"solve": "veil.algorithms.games.cli", "cfr": "veil.algorithms.games.cfr_cli"},
               "veil games solve payoff.npy --algorithm mi-sprm+ --iterations 10000 --plot gap.png"),
+    "env": ("where veil runs: versions, processor model and vector extensions (for bug reports and results)",
+            {"": "veil.machine"}, "veil env --json"),
 }
 
 # group -> the extra that installs what it imports (`veil[client]`, the base install, runs only `veil he`)
 EXTRAS = {"train": "train", "finetune": "train", "compress": "train", "export": "export", "serve": "serve",
           "codec": "codec", "sample": "train", "he": "client", "demo": "all",
-          "cluster": "train", "games": "games", "recommend": "train"}
+          "cluster": "train", "games": "games", "recommend": "train", "env": "client"}
 
 USAGE = f"""usage: veil <group> <verb> [options]      (veil <group> --help lists the verbs)
 
