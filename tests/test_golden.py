@@ -151,3 +151,18 @@ def test_one_flipped_bit_of_the_committed_stream_fails_the_codec_golden_check() 
         observed = dict(expected, bitstream_sha256=sha256(bytes(flipped)), decoded_sha256=decoded_sha)
         with pytest.raises(AssertionError, match="changed"):
             check_golden("codec_tiny", observed)
+
+
+@pytest.mark.parametrize("coretype", ["Prescott", "SkylakeX"])
+def test_the_plan_hash_does_not_depend_on_the_blas_kernel(coretype: str) -> None:
+    """numpy's OpenBLAS picks its kernels by processor; forcing the SSE3-only (Prescott) and the AVX-512 (SkylakeX)
+    ones stands in for another machine: the compiler's weight products must give the same plan either way."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_golden as g; "
+            "from veil.he.compile import compile as c; print(c(g.tiny_poly_onnx(), mode='latency').hash())")
+    env = dict(os.environ, OPENBLAS_CORETYPE=coretype)
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()[-1]
+    assert out == json.loads((EXPECTED / "he_plan_tiny_poly.json").read_text())["latency_plan_hash"]
