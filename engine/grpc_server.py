@@ -12,7 +12,12 @@ message to the data plane and back, nothing else:
 
 Errors are the engine's (:mod:`veil.engine.errors`) with the same messages as over HTTP, mapped to gRPC codes by
 :func:`~veil.engine.errors.grpc_code`; a server fault is logged once and answered INTERNAL; the server keeps
-serving. Message sizes are capped by ``--grpc-max-message-mb`` (RESOURCE_EXHAUSTED beyond it).
+serving. Message sizes are capped by ``--grpc-max-message-mb`` (RESOURCE_EXHAUSTED beyond it); a message that does
+not parse is INVALID_ARGUMENT naming the message type.
+
+Messages arrive as bytes: one larger than ``INLINE_BYTES`` is parsed and decoded in the decode pool
+(:func:`~veil.engine.protocol.off_loop`), never on the event loop the HTTP front shares. A failed call keeps
+nothing of its request: the answer is sent after the exception and the request are dropped (issue 31 item 1).
 
 Example:
     >>> import tritonclient.grpc as grpcclient
@@ -32,6 +37,7 @@ import grpc
 import numpy as np
 import orjson
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from veil import __version__
@@ -48,12 +54,15 @@ from .errors import (
 )
 from .protocol import (
     DATATYPES,
+    Expected,
     InferRequest,
     InferResponse,
     InputTensor,
     _from_binary,
     check_shape,
     encode_bytes,
+    off_loop,
+    output_size,
 )
 
 if TYPE_CHECKING:
@@ -82,11 +91,14 @@ def parameters(params: Any) -> dict[str, Any]:
     return out
 
 
-def decode_infer(request: Any) -> InferRequest:
+def decode_infer(request: Any, expected: Expected | None = None) -> InferRequest:
     """A ``ModelInferRequest`` -> the data plane's InferRequest (raw inputs read with ``np.frombuffer``, no copy).
 
+    ``expected`` (the target model's inputs) is checked on each input's declaration before its data is read.
+
     Raises:
-        MalformedRequest, DatatypeMismatch, ShapeMismatch, BinarySizeMismatch: naming the input and the field.
+        MalformedRequest, DatatypeMismatch, ShapeMismatch, BinarySizeMismatch, UnknownInput, PayloadTooLarge:
+        naming the input and the field.
     """
     if not request.inputs:
         raise MalformedRequest("ModelInferRequest.inputs: expected at least one input, received none")
@@ -103,6 +115,8 @@ def decode_infer(request: Any) -> InferRequest:
         if datatype not in DATATYPES:
             raise DatatypeMismatch(f"input '{name}': datatype expected one of {list(DATATYPES)}, received {datatype!r}")
         count = check_shape(name, shape)
+        if expected is not None:
+            expected.check(name, datatype, count)
         if raw:
             if tensor.HasField("contents"):
                 raise MalformedRequest(f"input '{name}': expected raw_input_contents or contents, received both")
@@ -152,10 +166,11 @@ class InferenceService:
     Args:
         plane: the data plane the HTTP front also serves.
         admin_token: the repository API's bearer token (None: the repository RPCs answer PERMISSION_DENIED).
+        max_bytes_elements: the most elements one BYTES input may declare (``--max-bytes-elements``).
     """
 
-    def __init__(self, plane: DataPlane, admin_token: str | None) -> None:
-        self.plane, self.admin_token = plane, admin_token
+    def __init__(self, plane: DataPlane, admin_token: str | None, max_bytes_elements: int | None = None) -> None:
+        self.plane, self.admin_token, self.max_bytes_elements = plane, admin_token, max_bytes_elements
 
     async def ServerLive(self, request: Any, context: aio.ServicerContext) -> Any:
         return msg.ServerLiveResponse(live=True)
@@ -180,8 +195,12 @@ class InferenceService:
             outputs=[tensors(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in body["outputs"]])
 
     async def ModelInfer(self, request: Any, context: aio.ServicerContext) -> Any:
-        result = await self.plane.infer(request.model_name, request.model_version or None, decode_infer(request))
-        return encode_infer(result)
+        name, version = request.model_name, request.model_version or None
+        model = self.plane.get_model(name, version)  # NOT_FOUND before any tensor is decoded
+        expected = Expected(name, {n: t.datatype for n, t in model.inputs.items()}, self.max_bytes_elements)
+        decoded = await off_loop(request.ByteSize(), decode_infer, request, expected)
+        result = await self.plane.infer(name, version, decoded)
+        return await off_loop(output_size(result), encode_infer, result)
 
     async def ModelConfig(self, request: Any, context: aio.ServicerContext) -> Any:
         """config.pbtxt as Triton's ModelConfig; ``parameters["veil"]`` (veil.json) and ``["metadata"]`` (the
@@ -246,18 +265,39 @@ def check_admin(admin_token: str | None, context: aio.ServicerContext) -> None:
         raise Unauthorized("repository API: expected the metadata 'authorization: Bearer <admin token>'")
 
 
-def _guarded(method: str, call: Callable[[Any, aio.ServicerContext], Awaitable[Any]]) -> Callable:
-    """The RPC with every error answered as a gRPC status: engine and HE errors with their code and message,
-    anything else INTERNAL, logged once with its traceback."""
+def parse(message_cls: Any, data: bytes) -> Any:
+    """The serialized request -> its message, or MalformedRequest (INVALID_ARGUMENT) naming the message type."""
+    try:
+        return message_cls.FromString(data)
+    except DecodeError as exc:
+        raise MalformedRequest(f"request: expected a serialized inference.{message_cls.DESCRIPTOR.name}, received "
+                               f"{len(data)} bytes that do not parse ({exc})") from None
 
-    async def handler(request: Any, context: aio.ServicerContext) -> Any:
-        try:
-            return await call(request, context)
-        except Exception as exc:
-            code, message = grpc_code(exc)
-            if code == "INTERNAL" and not isinstance(exc, EngineError):  # engine errors were logged where raised
-                logger.error("internal error on gRPC %s", method, exc_info=exc)
-            await context.abort(getattr(grpc.StatusCode, code), message)
+
+async def _answer(method: str, message_cls: Any, call: Callable[[Any, aio.ServicerContext], Awaitable[Any]],
+                  data: bytes, context: aio.ServicerContext) -> tuple[Any, tuple[str, str] | None]:
+    """``(response, None)``, or ``(None, (code, message))`` for a failed call. The exception is dropped when this
+    returns: its traceback holds the frames that hold the request, which must not outlive the call."""
+    try:
+        request = await off_loop(len(data), parse, message_cls, data)
+        return await call(request, context), None
+    except Exception as exc:
+        code, message = grpc_code(exc)
+        if code == "INTERNAL" and not isinstance(exc, EngineError):  # engine errors were logged where raised
+            logger.error("internal error on gRPC %s", method, exc_info=exc)
+        return None, (code, message)
+
+
+def _guarded(method: str, message_cls: Any, call: Callable[[Any, aio.ServicerContext], Awaitable[Any]]) -> Callable:
+    """The RPC over serialized requests with every error answered as a gRPC status: engine and HE errors with
+    their code and message, anything else INTERNAL, logged once with its traceback."""
+
+    async def handler(data: bytes, context: aio.ServicerContext) -> Any:
+        response, error = await _answer(method, message_cls, call, data, context)
+        if error is None:
+            return response
+        del data  # abort raises: its traceback holds this frame, so nothing of the request may stay in it
+        await context.abort(getattr(grpc.StatusCode, error[0]), error[1])
 
     return handler
 
@@ -265,9 +305,9 @@ def _guarded(method: str, call: Callable[[Any, aio.ServicerContext], Awaitable[A
 def handlers(service: Any) -> grpc.GenericRpcHandler:
     """The generic handler routing ``/inference.GRPCInferenceService/<Method>`` to ``service`` (an
     :class:`InferenceService`, or the Ray front's :class:`~veil.engine.ray_grpc.RayInferenceService`: one
-    coroutine per method)."""
-    table = {name: grpc.unary_unary_rpc_method_handler(_guarded(name, getattr(service, name)),
-                                                       request_deserializer=req.FromString,
+    coroutine per method). Requests arrive as bytes and are parsed by :func:`_answer`."""
+    table = {name: grpc.unary_unary_rpc_method_handler(_guarded(name, req, getattr(service, name)),
+                                                       request_deserializer=None,
                                                        response_serializer=resp.SerializeToString)
              for name, (req, resp) in proto.METHODS.items()}
     return grpc.method_handlers_generic_handler(proto.SERVICE, table)

@@ -28,7 +28,6 @@ from typing import Any, BinaryIO
 import orjson
 from fastapi import Request
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from veil import __version__
@@ -43,9 +42,19 @@ from .errors import (
     RequestTimeout,
     Unauthorized,
 )
-from .protocol import InferRequest, decode_request, decompress, encode_response, header_length
+from .protocol import (
+    INLINE_BYTES,
+    MAX_BYTES_ELEMENTS,
+    Expected,
+    InferRequest,
+    decode_request,
+    decompress,
+    encode_response,
+    header_length,
+    off_loop,
+    output_size,
+)
 
-INLINE_BYTES = 64 * 1024  # bodies and outputs up to this size are (de)coded on the event loop
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "veil_he_keys"]
 
 
@@ -164,19 +173,21 @@ async def metrics(request: Request) -> Response:
 
 # -- inference ------------------------------------------------------------------------------------------
 async def infer(request: Request, model: str, version: str | None = None) -> Response:
+    plane = _plane(request)
+    target = plane.get_model(model, version)  # 404 before the body is read or decoded
     body = await read_body(request)
     state, encoding = request.app.state, request.headers.get("content-encoding")
+    expected = Expected(target.name, {n: t.datatype for n, t in target.inputs.items()},
+                        getattr(state, "max_bytes_elements", MAX_BYTES_ELEMENTS))
     decode = functools.partial(_decode, body, encoding, request.headers.get("inference-header-content-length"),
                                state.max_body_bytes, getattr(state, "max_json_elements", None),
-                               getattr(state, "max_json_bytes", None))
-    # a large (or compressed) body is decompressed and decoded (orjson, numpy) off the event loop: health probes
+                               getattr(state, "max_json_bytes", None), expected)
+    # a large (or compressed) body is decompressed and decoded (orjson, numpy) in the decode pool: health probes
     # and other clients keep being answered meanwhile; a small one costs less inline than a thread hop
-    inline = len(body) <= INLINE_BYTES and encoding in (None, "identity")
-    decoded = decode() if inline else await run_in_threadpool(decode)
-    result = await _plane(request).infer(model, version, decoded)
-    encode = functools.partial(encode_response, result)
-    large = sum(a.nbytes if a.dtype != object else a.size * 64 for a in result.outputs.values()) > INLINE_BYTES
-    content, binary_length = await run_in_threadpool(encode) if large else encode()
+    size = len(body) if encoding in (None, "identity") else INLINE_BYTES + 1
+    decoded = await off_loop(size, decode)
+    result = await plane.infer(model, version, decoded)
+    content, binary_length = await off_loop(output_size(result), encode_response, result)
     if binary_length is None:
         return Response(content, media_type="application/json")
     return Response(content, media_type="application/octet-stream",
@@ -184,10 +195,10 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
 
 
 def _decode(body: bytes, encoding: str | None, header: str | None, limit: int, max_json_elements: int | None,
-            max_json_bytes: int | None) -> InferRequest:
+            max_json_bytes: int | None, expected: Expected | None = None) -> InferRequest:
     """Content-Encoding, then the OIP body (JSON, or JSON + binary) -> InferRequest."""
     body = decompress(body, encoding, limit)
-    return decode_request(body, header_length(header, len(body)), max_json_elements, max_json_bytes)
+    return decode_request(body, header_length(header, len(body)), max_json_elements, max_json_bytes, expected)
 
 
 # -- model repository extension (admin) -----------------------------------------------------------------

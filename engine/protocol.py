@@ -9,11 +9,15 @@ are read with ``np.frombuffer`` (no copy). Nothing here knows about models: see 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
 import struct
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -25,6 +29,7 @@ from .errors import (
     MalformedRequest,
     PayloadTooLarge,
     ShapeMismatch,
+    UnknownInput,
     UnsupportedEncoding,
 )
 
@@ -51,6 +56,40 @@ MAX_DIMS = 32  # numpy's limit is 64 (32 before numpy 2); ONNX Runtime tensors s
 # the most elements the non-zero dims of a shape may multiply to: numpy refuses a larger shape even when another
 # dim is 0 (an empty tensor), so [0, 7920, 17059480, 17066276] must be refused here, not fail inside reshape
 MAX_SHAPE_ELEMENTS = 1 << 40
+INLINE_BYTES = 64 * 1024  # requests and outputs up to this size are (de)coded on the event loop
+DECODE_WORKERS = 4  # larger ones in this pool, shared by both fronts: at most this many decode at once
+_DECODE_POOL = ThreadPoolExecutor(max_workers=DECODE_WORKERS, thread_name_prefix="veil-decode")
+MAX_BYTES_ELEMENTS = 1 << 20  # default bound on the BYTES elements of one input (decoding each is a Python step)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the target model accepts, checked on each input's declaration before any of its data is read (issue 31
+    item 4: a BYTES tensor sent to an FP32 model is refused before its elements are decoded).
+
+    Attributes:
+        model: the model's name (for messages).
+        datatypes: input name -> the model's datatype for it.
+        max_bytes_elements: the most elements one BYTES input may declare (``--max-bytes-elements``; None: no bound).
+    """
+
+    model: str
+    datatypes: dict[str, str]
+    max_bytes_elements: int | None = MAX_BYTES_ELEMENTS
+
+    def check(self, name: str, datatype: str, count: int) -> None:
+        """Refuse an input the model does not have, of another datatype, or with too many BYTES elements.
+
+        Raises:
+            UnknownInput, DatatypeMismatch, PayloadTooLarge: naming the input, the expected and the received value.
+        """
+        if name not in self.datatypes:
+            raise UnknownInput(f"model '{self.model}' has no input '{name}'; expected {sorted(self.datatypes)}")
+        if datatype != self.datatypes[name]:
+            raise DatatypeMismatch(f"input '{name}': datatype expected {self.datatypes[name]}, received {datatype}")
+        if datatype == "BYTES" and self.max_bytes_elements is not None and count > self.max_bytes_elements:
+            raise PayloadTooLarge(f"input '{name}': expected at most {self.max_bytes_elements} BYTES elements "
+                                  f"(--max-bytes-elements), received a shape of {count}")
 
 
 def triton_to_datatype(triton_type: str) -> str:
@@ -97,6 +136,23 @@ class InferResponse:
     datatypes: dict[str, str]
     binary: dict[str, bool]
     id: str | None = None
+
+
+_T = TypeVar("_T")
+
+
+async def off_loop(size: int, fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` inline when ``size`` (bytes to parse or encode) is at most ``INLINE_BYTES``, else in the decode
+    pool: the event loop both fronts share keeps answering health probes and small requests meanwhile, and a flood
+    of large requests decodes ``DECODE_WORKERS`` at a time."""
+    if size <= INLINE_BYTES:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(_DECODE_POOL, functools.partial(fn, *args))
+
+
+def output_size(response: InferResponse) -> int:
+    """About how many bytes encoding ``response`` writes (BYTES elements counted at 64 bytes each)."""
+    return sum(a.nbytes if a.dtype != object else a.size * 64 for a in response.outputs.values())
 
 
 # -- decode ---------------------------------------------------------------------------------------------
@@ -152,7 +208,7 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
 
 
 def decode_request(body: bytes, json_length: int | None, max_json_elements: int | None = None,
-                   max_json_bytes: int | None = None) -> InferRequest:
+                   max_json_bytes: int | None = None, expected: Expected | None = None) -> InferRequest:
     """Decode a JSON-only or JSON+binary inference request body.
 
     Args:
@@ -162,10 +218,11 @@ def decode_request(body: bytes, json_length: int | None, max_json_elements: int 
             checked on the declared shapes before any conversion (None: no limit).
         max_json_bytes: the largest JSON part, checked before parsing: orjson holds the GIL while it parses, so
             this bounds how long one request can keep every other thread, the event loop included, waiting.
+        expected: the target model's inputs, checked on each input's declaration before its data is read.
 
     Raises:
-        MalformedRequest, InvalidHeaderLength, BinarySizeMismatch, ShapeMismatch, DatatypeMismatch,
-        PayloadTooLarge (``max_json_elements``, ``max_json_bytes``).
+        MalformedRequest, InvalidHeaderLength, BinarySizeMismatch, ShapeMismatch, DatatypeMismatch, UnknownInput,
+        PayloadTooLarge (``max_json_elements``, ``max_json_bytes``, ``expected.max_bytes_elements``).
     """
     end = len(body) if json_length is None else json_length
     if max_json_bytes is not None and end > max_json_bytes:
@@ -181,7 +238,7 @@ def decode_request(body: bytes, json_length: int | None, max_json_elements: int 
     _check_json_elements(head["inputs"], max_json_elements)
     inputs, offset, names = [], end, set()
     for i, spec in enumerate(head["inputs"]):
-        tensor, offset = _decode_input(spec, i, body, offset, json_length)
+        tensor, offset = _decode_input(spec, i, body, offset, json_length, expected)
         if tensor.name in names:
             raise MalformedRequest(f"inputs[{i}]: expected each input name once, received '{tensor.name}' again")
         names.add(tensor.name)
@@ -242,7 +299,8 @@ def check_shape(name: str, shape: Any) -> int:
     return math.prod(shape)
 
 
-def _decode_input(spec: Any, i: int, body: bytes, offset: int, json_length: int | None) -> tuple[InputTensor, int]:
+def _decode_input(spec: Any, i: int, body: bytes, offset: int, json_length: int | None,
+                  expected: Expected | None = None) -> tuple[InputTensor, int]:
     """One input from its JSON spec (and the binary section at ``offset``); returns it and the new offset."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise MalformedRequest(f"inputs[{i}]: expected an object with a string 'name'")
@@ -250,6 +308,8 @@ def _decode_input(spec: Any, i: int, body: bytes, offset: int, json_length: int 
     if not isinstance(datatype, str) or datatype not in DATATYPES:  # {} or [] are unhashable: check the type first
         raise DatatypeMismatch(f"input '{name}': datatype expected one of {list(DATATYPES)}, received {datatype!r}")
     count = check_shape(name, shape)
+    if expected is not None:
+        expected.check(name, datatype, count)
     size = _object(spec.get("parameters", {}), f"input '{name}' parameters").get("binary_data_size")
     if size is not None:
         if json_length is None:
@@ -277,7 +337,11 @@ def _from_binary(name: str, datatype: str, count: int, body: bytes, offset: int,
 
 
 def decode_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
-    """Length-prefixed BYTES elements -> object array of ``bytes``."""
+    """Length-prefixed BYTES elements -> object array of ``bytes``; ``count`` elements need at least ``4 * count``
+    bytes of length prefixes, checked before any element is read."""
+    if 4 * count > len(raw):
+        raise BinarySizeMismatch(f"input '{name}': shape expects {count} BYTES elements, which need at least "
+                                 f"{4 * count} bytes (a 4-byte length each), received {len(raw)}")
     items, pos = [], 0
     while pos < len(raw):
         if len(items) == count:  # more elements than the shape holds: stop here, not at the end of the body

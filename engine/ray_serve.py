@@ -238,7 +238,7 @@ class VeilModel:
         from .grpc_server import InferenceService
 
         self.veil = create_app(self.config, models=[self.name])  # not `app`: Ray's wrapper owns that name
-        self.grpc_service = InferenceService(self.plane, self.config.admin_token)
+        self.grpc_service = InferenceService(self.plane, self.config.admin_token, self.config.max_bytes_elements)
         if self.he_workers:
             self._start_he_workers()
         return _ModelASGI(self.veil, self)

@@ -57,7 +57,7 @@ def create_app(config: ServerConfig, models: list[str] | None = None) -> FastAPI
             from .grpc_server import InferenceService, start_grpc
 
             grpc_server, app.state.grpc_port = await start_grpc(
-                InferenceService(plane, config.admin_token), config.host, config.grpc_port,
+                InferenceService(plane, config.admin_token, config.max_bytes_elements), config.host, config.grpc_port,
                 int(config.grpc_max_message_mb * 2**20))
         yield
         if grpc_server is not None:
@@ -71,6 +71,7 @@ def create_app(config: ServerConfig, models: list[str] | None = None) -> FastAPI
     app.state.max_body_bytes = int(config.max_body_mb * 2**20)
     app.state.max_json_elements, app.state.body_timeout_s = config.max_json_elements, config.body_timeout_s
     app.state.max_json_bytes = int(config.max_json_mb * 2**20)
+    app.state.max_bytes_elements = config.max_bytes_elements
     add_routes(app)
     add_exception_handlers(app)
     return app

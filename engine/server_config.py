@@ -27,6 +27,7 @@ class ServerConfig(Config):
         max_body_mb (float): largest request body accepted (413 beyond it), also once decompressed.
         max_json_elements (int): most tensor elements a request may send as JSON data (413 beyond it).
         max_json_mb (float): largest JSON part of an inference request (413 beyond it).
+        max_bytes_elements (int): most elements one BYTES input may declare, HTTP binary or gRPC (413 beyond it).
         body_timeout_s (float): how long a client may take to send a request body (408 beyond it).
         log_level (str): uvicorn and veil log level.
         device (str): default execution provider for models whose instance_group kind is KIND_AUTO.
@@ -49,6 +50,8 @@ class ServerConfig(Config):
                                               "(all inputs together; 413 beyond; binary tensors are not counted)")
     max_json_mb: float = field(16.0, "largest JSON part of an inference request in MiB (413 beyond; parsing it "
                                      "holds the GIL, so this bounds how long one request can stall the others)")
+    max_bytes_elements: int = field(1_048_576, "most elements one BYTES input may declare (binary HTTP or gRPC; "
+                                               "413 / RESOURCE_EXHAUSTED beyond, refused before any is decoded)")
     body_timeout_s: float = field(60.0, "seconds a client may take to send a request body (408 beyond)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = field("info", "log level")
     device: Literal["auto", "cpu", "cuda"] = field(
@@ -70,6 +73,8 @@ class ServerConfig(Config):
             raise ConfigError("ServerConfig.repo: expected a model repository folder (--repo DIR), received ''")
         if self.max_body_mb <= 0:
             raise ConfigError(f"ServerConfig.max_body_mb: expected > 0, received {self.max_body_mb}")
+        if self.max_bytes_elements < 1:
+            raise ConfigError(f"ServerConfig.max_bytes_elements: expected >= 1, received {self.max_bytes_elements}")
         if self.max_json_elements < 1 or self.max_json_mb <= 0 or self.body_timeout_s <= 0:
             raise ConfigError(f"ServerConfig: expected max_json_elements >= 1, max_json_mb > 0 and body_timeout_s > 0, "
                               f"received {self.max_json_elements}, {self.max_json_mb} and {self.body_timeout_s}")

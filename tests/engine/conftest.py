@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -62,6 +66,61 @@ def live_server(config: ServerConfig) -> Iterator[tuple[str, uvicorn.Server]]:
         thread.join(timeout=30)
 
 
+def free_port() -> int:
+    """A port nothing listens on now (bound to 0 on 127.0.0.1, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """A ``veil serve`` subprocess on 127.0.0.1: its HTTP and gRPC addresses and its memory (from /proc)."""
+
+    def __init__(self, process: subprocess.Popen, port: int, grpc_port: int) -> None:
+        self.process, self.url, self.grpc = process, f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
+
+    def memory_mb(self, field: str = "VmHWM") -> float:
+        """``VmHWM`` (peak resident set) or ``VmRSS`` of the server process, MiB."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError(f"/proc/{self.process.pid}/status has no {field}")
+
+
+@contextlib.contextmanager
+def server_process(repo: Path, *flags: str, timeout_s: float = 60) -> Iterator[ServerProcess]:
+    """Run ``veil serve --repo repo`` (HTTP and gRPC on free loopback ports, ``flags`` added) in a subprocess
+    until it answers ready; stops it (SIGINT, then kill) on exit. Memory tests read its peak RSS."""
+    import httpx
+
+    port, grpc_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "veil.engine.cli", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port),
+           "--grpc-port", str(grpc_port), "--log-level", "warning", "--intra-op-threads", "1", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"veil serve exited with {process.returncode}: {process.stderr.read().decode()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("veil serve did not become ready")
+            time.sleep(0.2)
+        yield ServerProcess(process, port, grpc_port)
+    finally:
+        process.send_signal(2)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def binary_body(inputs: list[tuple[str, str, np.ndarray]], outputs: list[tuple[str, bool]] | None = None,
                 **params) -> tuple[bytes, dict[str, str]]:
     """A JSON + binary inference body (Triton's binary tensor extension) and its headers."""
@@ -105,7 +164,7 @@ def decode_binary_response(response) -> dict[str, np.ndarray]:
 def oip():
     """The helpers above as one fixture (tests run in importlib mode and cannot import conftest)."""
     return types.SimpleNamespace(binary_body=binary_body, decode=decode_binary_response, live_server=live_server,
-                                 make_config=make_config, token=TOKEN)
+                                 make_config=make_config, token=TOKEN, server_process=server_process)
 
 
 def _write_lora_toy(folder: Path) -> None:
