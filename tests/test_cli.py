@@ -54,7 +54,7 @@ def test_usage_error_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_config_value_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "uldnet", "--epochs", "3", "--no-progress"]) == 2  # warm-up 5 >= epochs 3
     err = capsys.readouterr().err
-    assert "TrainConfig.warmup_epochs: expected 0 <= warmup_epochs < epochs=3, received 5" in err
+    assert "--warmup-epochs: expected 0 <= --warmup-epochs < --epochs=3, received 5; lower --warmup-epochs" in err
     assert "Traceback" not in err
 
 

@@ -12,9 +12,10 @@ from veil.config import lazy_exports
 if TYPE_CHECKING:
     from .attention import LinearAttention, MultiHeadAttention, SoftmaxAttention
     from .config import ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
-    from .data import Splits, load_digits_preset, load_image_folder, load_npz
+    from .data import DataError, Splits, load_cifar, load_data_spec, load_digits_preset, load_image_folder, load_npz
     from .depth import DepthReport, multiplicative_depth
-    from .models import PolyCNN, PolyMLP, PolyViT, build_model
+    from .models import PolyCNN, PolyMLP, PolyResNet, PolyViT, build_model
+    from .photos import load_photos32
     from .polyact import PolyAct
     from .polynorm import PolyNorm
     from .trainer import TrainResult, load_uldnet, save_uldnet, train_uldnet
@@ -28,7 +29,10 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "PolyActConfig": ".config",
     "PolyNormConfig": ".config",
     "TrainConfig": ".config",
+    "DataError": ".data",
     "Splits": ".data",
+    "load_cifar": ".data",
+    "load_data_spec": ".data",
     "load_digits_preset": ".data",
     "load_image_folder": ".data",
     "load_npz": ".data",
@@ -36,6 +40,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "multiplicative_depth": ".depth",
     "PolyCNN": ".models",
     "PolyMLP": ".models",
+    "PolyResNet": ".models",
+    "load_photos32": ".photos",
     "PolyViT": ".models",
     "build_model": ".models",
     "PolyAct": ".polyact",
@@ -47,8 +53,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
 })
 
 __all__ = [
-    "DepthReport", "LinearAttention", "ModelConfig", "MultiHeadAttention", "PolyAct", "PolyActConfig", "PolyCNN", "PolyMLP", "PolyNorm",
-    "PolyNormConfig", "PolyViT", "SoftmaxAttention", "Splits", "TrainConfig", "TrainResult", "build_model",
-    "load_digits_preset", "load_image_folder", "load_npz", "load_uldnet", "multiplicative_depth", "save_uldnet",
-    "train_uldnet",
+    "DataError", "DepthReport", "LinearAttention", "ModelConfig", "MultiHeadAttention", "PolyAct", "PolyActConfig", "PolyCNN",
+    "PolyMLP", "PolyNorm", "PolyNormConfig", "PolyResNet", "PolyViT", "SoftmaxAttention", "Splits", "TrainConfig",
+    "TrainResult", "build_model", "load_cifar", "load_data_spec", "load_digits_preset", "load_image_folder", "load_npz",
+    "load_photos32", "load_uldnet", "multiplicative_depth", "save_uldnet", "train_uldnet",
 ]

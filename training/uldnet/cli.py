@@ -2,6 +2,9 @@
 
 Examples:
     veil train uldnet --preset digits --arch cnn --out runs/polycnn
+    veil train uldnet --preset photos32 --arch resnet --out runs/resnet20   # 32x32 RGB, PolyResNet-20
+    veil train uldnet --data cifar10:~/data/cifar-10-batches-py --arch resnet --out runs/cifar
+    veil train uldnet --data folder:my_photos/ --arch vit --baseline        # the LayerNorm + GELU twin
     veil train uldnet --preset digits-he --arch cnn --out runs/polycnn-he   # fits leveled CKKS (8 levels)
     veil train uldnet --data my.npz --arch mlp --width 128 --depth 2 --epochs 30 --out runs/mlp
     veil train uldnet --image-folder photos/ --image-size 16 --arch cnn --compare-baseline
@@ -14,23 +17,40 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-from veil.config import ConfigError
+from veil.config import Config, ConfigError
 
-from .config import DIGITS_HE_PRESETS, DIGITS_PRESETS, ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
-from .data import Splits, load_digits_preset, load_image_folder, load_npz
+from .config import (
+    ARCH_RECIPES,
+    DEFAULT_ARCH,
+    DIGITS_HE_PRESETS,
+    DIGITS_PRESETS,
+    PHOTOS32_PRESETS,
+    ModelConfig,
+    PolyActConfig,
+    PolyNormConfig,
+    TrainConfig,
+)
+from .data import Splits
 
 EXAMPLE = """example:
   veil train uldnet --preset digits --arch cnn --out runs/polycnn
   veil train uldnet --preset digits-he --arch cnn --out runs/polycnn-he
+  veil train uldnet --preset photos32 --arch resnet --out runs/resnet20
+  veil train uldnet --data cifar10:cifar-10-batches-py --arch resnet --compare-baseline
+  veil train uldnet --data folder:photos/ --arch vit --epochs 30
   veil train uldnet --data my.npz --arch mlp --width 128 --epochs 30 --compare-baseline
 """
 
 
-# --preset -> the per-family recipes over the bundled digits
-PRESETS: dict[str, dict[str, dict[str, dict]]] = {"digits": DIGITS_PRESETS, "digits-he": DIGITS_HE_PRESETS}
+# --preset -> the per-family recipes over a bundled dataset
+PRESETS: dict[str, dict[str, dict[str, dict]]] = {"digits": DIGITS_PRESETS, "digits-he": DIGITS_HE_PRESETS,
+                                                  "photos32": PHOTOS32_PRESETS}
+# flag prefix of each config's fields, for error messages that name the flag
+FLAG_PREFIX: dict[type[Config], str] = {ModelConfig: "", TrainConfig: "", PolyNormConfig: "norm-", PolyActConfig: "act-"}
 
 
 def build_parser(prog: str = "veil train uldnet") -> argparse.ArgumentParser:
@@ -40,9 +60,13 @@ def build_parser(prog: str = "veil train uldnet") -> argparse.ArgumentParser:
     source.add_argument("--preset", choices=list(PRESETS), default=None,
                         help="bundled dataset and recipe (default: digits); digits-he: a model whose encrypted plan "
                              "fits one leveled 128-bit CKKS parameter set (mlp or cnn)")
-    source.add_argument("--data", type=Path, help=".npz file with arrays x (N, ...) and y (N,)")
-    source.add_argument("--image-folder", type=Path, help="folder of class sub-folders of images")
-    parser.add_argument("--image-size", type=int, default=8, help="resize images to this size (with --image-folder)")
+    source.add_argument("--data", metavar="KIND:PATH",
+                        help="your data: folder:DIR (one sub-folder per class, PNG/JPEG, RGB, resized to "
+                             "--image-size), cifar10:DIR / cifar100:DIR (the python-pickle batch files of the "
+                             "official archives), npz:FILE or FILE.npz (arrays x (N, ...) and y (N,))")
+    source.add_argument("--image-folder", type=Path, help="folder of class sub-folders of images (grey unless --rgb)")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="resize images to this size (default: 32 with --data folder:, 8 with --image-folder)")
     parser.add_argument("--rgb", action="store_true", help="keep 3 colour channels (with --image-folder)")
     parser.add_argument("--out", type=Path, default=None, help="checkpoint folder (default: runs/uldnet-<arch>)")
     parser.add_argument("--config", type=Path, default=None,
@@ -58,30 +82,51 @@ def build_parser(prog: str = "veil train uldnet") -> argparse.ArgumentParser:
 
 
 def load_data(args: argparse.Namespace) -> Splits:
+    from .data import load_data_spec, load_digits_preset, load_image_folder
+
     if args.data is not None:
-        return load_npz(args.data)
+        return load_data_spec(args.data, image_size=args.image_size or 32)
     if args.image_folder is not None:
-        return load_image_folder(args.image_folder, args.image_size, grayscale=not args.rgb)
+        return load_image_folder(args.image_folder, args.image_size or 8, grayscale=not args.rgb)
+    if args.preset == "photos32":
+        from .photos import load_photos32
+
+        return load_photos32()
     return load_digits_preset()
 
 
+def name_flags(message: str) -> str:
+    """Rewrite ``TrainConfig.warmup_epochs`` in a config error as the flag the user typed (``--warmup-epochs``)."""
+    def flag(match: re.Match) -> str:
+        cls = next(c for c in FLAG_PREFIX if c.__name__ == match[1])
+        return "--" + (FLAG_PREFIX[cls] + match[2]).replace("_", "-")
+
+    pattern = r"\b(" + "|".join(c.__name__ for c in FLAG_PREFIX) + r")\.([a-z_0-9]+)"
+    return re.sub(pattern, flag, message)
+
+
 def configs_from_args(args: argparse.Namespace, data: Splits) -> tuple[ModelConfig, TrainConfig]:
-    """Defaults, then the digits preset of the family (bundled data only) or --config, then the flags."""
+    """Defaults, then the preset's recipe of the family (bundled data), the family's recipe (your data) or
+    --config, then the flags. A bad value is reported under the flag's name."""
+    arch = args.arch or DEFAULT_ARCH.get(args.preset or "digits", "cnn")
     if args.config:
         base = json.loads(args.config.read_text())
     elif args.data is None and args.image_folder is None:
-        presets, arch = PRESETS[args.preset or "digits"], args.arch or "cnn"
+        presets = PRESETS[args.preset or "digits"]
         if arch not in presets:
             raise ConfigError(f"--arch: preset {args.preset!r} has recipes for {sorted(presets)}, received {arch!r}")
         base = presets[arch]
     else:
-        base = {}
-    model_base = dict(base.get("model", {}))
-    norm = PolyNormConfig.from_args(args, prefix="norm-", base=model_base.pop("norm", None))
-    act = PolyActConfig.from_args(args, prefix="act-", base=model_base.pop("act", None))
-    model = ModelConfig.from_args(args, base=model_base, input_shape=data.input_shape,
-                                  num_classes=len(data.classes), norm=norm, act=act)
-    return model, TrainConfig.from_args(args, base=base.get("train"))
+        base = ARCH_RECIPES.get(arch, {})
+    model_base = {**base.get("model", {}), **({} if args.arch or args.config else {"arch": arch})}
+    try:
+        norm = PolyNormConfig.from_args(args, prefix="norm-", base=model_base.pop("norm", None))
+        act = PolyActConfig.from_args(args, prefix="act-", base=model_base.pop("act", None))
+        model = ModelConfig.from_args(args, base=model_base, input_shape=data.input_shape,
+                                      num_classes=len(data.classes), norm=norm, act=act)
+        return model, TrainConfig.from_args(args, base=base.get("train"))
+    except ConfigError as exc:
+        raise ConfigError(name_flags(str(exc))) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,12 +70,15 @@ class PolyActConfig(Config):
 class ModelConfig(Config):
     """One of the ULD-Net model families, or the same architecture with standard ops (baseline=True)."""
 
-    arch: Literal["mlp", "cnn", "vit"] = field("cnn", "model family: PolyMLP, PolyCNN (ResNet-style) or PolyViT")
+    arch: Literal["mlp", "cnn", "resnet", "vit"] = field(
+        "cnn", "model family: PolyMLP, PolyCNN (small ResNet-style), PolyResNet (CIFAR ResNet-20 style) or PolyViT")
     baseline: bool = field(False, "build the same network with standard ops (ReLU, LayerNorm/BatchNorm, softmax, MaxPool)")
     input_shape: list[int] = field([1, 8, 8], "shape of one sample: (C, H, W) for images, (F,) for feature vectors (mlp)")
     num_classes: int = field(10, "number of output classes")
-    width: int = field(32, "hidden size (mlp), base channels (cnn) or embedding size (vit)")
-    depth: int = field(1, "hidden layers (mlp), residual blocks per stage (cnn) or transformer blocks (vit)")
+    width: int = field(32, "hidden size (mlp), base channels (cnn; resnet: stages width/2w/4w, 16 for ResNet-20) or "
+                           "embedding size (vit)")
+    depth: int = field(1, "hidden layers (mlp), residual blocks per stage (cnn; resnet: n, 3 for ResNet-20, 6n+2 "
+                          "layers) or transformer blocks (vit)")
     heads: int = field(4, "attention heads (vit)")
     patch_size: int = field(2, "patch size (vit)")
     mlp_ratio: int = field(2, "hidden expansion of the transformer MLP (vit)")
@@ -98,7 +101,7 @@ class ModelConfig(Config):
     def validate(self) -> None:
         if any(s <= 0 for s in self.input_shape) or not self.input_shape:
             raise ConfigError(f"ModelConfig.input_shape: expected positive sizes, received {self.input_shape}")
-        if self.arch in ("cnn", "vit") and len(self.input_shape) != 3:
+        if self.arch in ("cnn", "resnet", "vit") and len(self.input_shape) != 3:
             raise ConfigError(f"ModelConfig.input_shape: arch '{self.arch}' expects (C, H, W), received {self.input_shape}")
         if self.arch == "cnn":
             if self.stem_stride not in (1, 2):
@@ -110,6 +113,9 @@ class ModelConfig(Config):
                                   f"{self.input_shape[1]}x{self.input_shape[2]}")
         if self.arch != "mlp" and not self.normalize:
             raise ConfigError(f"ModelConfig.normalize: only arch 'mlp' may switch normalization off, received arch '{self.arch}'")
+        if self.arch == "resnet" and min(self.input_shape[1:]) < 4:
+            raise ConfigError(f"ModelConfig.input_shape: arch 'resnet' halves H and W twice, expected at least 4x4, "
+                              f"received {self.input_shape}")
         if self.arch == "vit":
             _, h, w = self.input_shape
             if h % self.patch_size or w % self.patch_size:
@@ -119,8 +125,9 @@ class ModelConfig(Config):
         for name in ("num_classes", "width"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"ModelConfig.{name}: expected >= 1, received {getattr(self, name)}")
-        if self.depth < 0 or (self.arch == "vit" and self.depth < 1):
-            raise ConfigError(f"ModelConfig.depth: expected >= {1 if self.arch == 'vit' else 0}, received {self.depth}")
+        at_least = 1 if self.arch in ("resnet", "vit") else 0
+        if self.depth < at_least:
+            raise ConfigError(f"ModelConfig.depth: expected >= {at_least} for arch '{self.arch}', received {self.depth}")
 
 
 @dataclass
@@ -145,7 +152,9 @@ class TrainConfig(Config):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainConfig.{name}: expected >= 1, received {getattr(self, name)}")
         if not 0 <= self.warmup_epochs < self.epochs:
-            raise ConfigError(f"TrainConfig.warmup_epochs: expected 0 <= warmup_epochs < epochs={self.epochs}, received {self.warmup_epochs}")
+            raise ConfigError(f"TrainConfig.warmup_epochs: expected 0 <= TrainConfig.warmup_epochs < TrainConfig.epochs="
+                              f"{self.epochs}, received {self.warmup_epochs}; lower TrainConfig.warmup_epochs (e.g. to "
+                              f"{max(0, min(self.epochs // 5, self.epochs - 1))}) or raise TrainConfig.epochs")
         for name in ("lr", "weight_decay", "lambda1", "lambda2", "grad_clip", "label_smoothing"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"TrainConfig.{name}: expected >= 0, received {getattr(self, name)}")
@@ -174,3 +183,21 @@ DIGITS_HE_PRESETS: dict[str, dict[str, dict]] = {
                       "block_norm": False, "head": "flatten"},
             "train": {"lr": 1e-2}},
 }
+
+# `--preset photos32` (the bundled 32x32 RGB task, photos.py), per family. ResNet-20: width 16 (16/32/64
+# channels), n = 3 blocks per stage, 97 levels at degree 2; the ViT: patch 4 (64 tokens), 4 blocks of width 64.
+# The polynomial nets train stably for lr in 1e-3 ... 3e-2 (docs/uldnet.md); these recipes keep the
+# polynomial model and its standard-op twin on the same budget.
+PHOTOS32_PRESETS: dict[str, dict[str, dict]] = {
+    "resnet": {"model": {"arch": "resnet", "width": 16, "depth": 3},
+               "train": {"epochs": 30, "warmup_epochs": 3, "lr": 3e-3, "batch_size": 64}},
+    "vit": {"model": {"arch": "vit", "width": 64, "depth": 4, "heads": 4, "patch_size": 4, "mlp_ratio": 2},
+            "train": {"epochs": 40, "warmup_epochs": 3, "lr": 1e-3, "batch_size": 64}},
+}
+
+# the family --preset gives when --arch is not named
+DEFAULT_ARCH: dict[str, str] = {"digits": "cnn", "digits-he": "cnn", "photos32": "resnet"}
+
+# `--data` / `--image-folder` (your own data): the families whose shape has a recipe of its own (the
+# photos32 one: ResNet-20, the patch-4 ViT); the other families start from the ModelConfig defaults.
+ARCH_RECIPES: dict[str, dict[str, dict]] = {"resnet": PHOTOS32_PRESETS["resnet"]}

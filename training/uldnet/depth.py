@@ -17,6 +17,10 @@ plaintext products where the spec shows how:
 
 A non-polynomial operator (ReLU, LayerNorm, softmax, MaxPool, a PolyNorm still in warm-up) makes the
 model non-evaluable under CKKS: it is listed with ``levels=None`` and the total is None.
+
+Per block (``DepthReport.per_block()``): the levels between a residual or transformer block's input and
+its output (a ResNet block at degree 2: conv 1 + PolyNorm 3 + PolyAct 1, twice = 10), which is what a
+bootstrapping or refresh schedule cuts at.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class DepthReport:
 
     ops: list[OpDepth] = field(default_factory=list)
     total: int | None = 0
+    block_prefixes: list[str] = field(default_factory=list)  # qualified names of the residual / transformer blocks
 
     @property
     def polynomial(self) -> bool:
@@ -69,6 +74,22 @@ class DepthReport:
 
     def non_polynomial(self) -> list[str]:
         return [f"{o.name} ({o.op})" for o in self.ops if o.levels is None]
+
+    def per_block(self) -> list[dict]:
+        """Levels each block consumes: ``{"block", "level_in", "level_out", "levels"}`` in model order (None
+        levels where a block holds a non-polynomial operator)."""
+        rows = []
+        for prefix in self.block_prefixes:
+            ops = [o for o in self.ops if o.name.startswith(prefix + ".")]
+            if not ops:
+                continue
+            if any(o.levels is None or o.level_out is None for o in ops):
+                rows.append({"block": prefix, "level_in": None, "level_out": None, "levels": None})
+                continue
+            level_in = min(o.level_out - o.levels for o in ops)
+            level_out = max(o.level_out for o in ops)
+            rows.append({"block": prefix, "level_in": level_in, "level_out": level_out, "levels": level_out - level_in})
+        return rows
 
     def to_dict(self) -> dict:
         return {"total": self.total, "max_op_levels": self.max_op_levels, "ops": [asdict(o) for o in self.ops]}
@@ -108,9 +129,11 @@ class _Tracer(fx.Tracer):
 
 def multiplicative_depth(model: nn.Module) -> DepthReport:
     """Per-operator and total CKKS levels of ``model`` (see the module docstring for the cost model)."""
+    from .models import ResidualBlock, TransformerBlock  # models never imports depth: no cycle
+
     graph = _Tracer().trace(model)
     modules = dict(model.named_modules())
-    report = DepthReport()
+    report = DepthReport(block_prefixes=[n for n, m in modules.items() if isinstance(m, (ResidualBlock, TransformerBlock))])
     level: dict[fx.Node, int | None] = {}
     for node in graph.nodes:
         inputs = [level[a] for a in node.all_input_nodes]

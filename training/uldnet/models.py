@@ -56,16 +56,18 @@ class PolyMLP(nn.Module):
 
 
 class ResidualBlock(nn.Module):
-    """conv3x3 -> norm -> act -> conv3x3 -> norm, plus the (1x1 conv) shortcut, then act."""
+    """conv3x3 (stride) -> norm -> act -> conv3x3 -> norm, plus the shortcut (identity, or a 1x1 conv with the
+    same stride when the shape changes), then act. Polynomial: 2 convs + 2 PolyNorm + 2 PolyAct = 10 levels at
+    degree 2 (the shortcut's 1x1 conv runs beside the longer branch)."""
 
-    def __init__(self, config: ModelConfig, c_in: int, c_out: int) -> None:
+    def __init__(self, config: ModelConfig, c_in: int, c_out: int, stride: int = 1) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1)
         self.norm1 = make_norm(config, c_out, "channels")
         self.act1 = make_act(config, c_out, 1)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1)
         self.norm2 = make_norm(config, c_out, "channels")
-        self.shortcut = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
+        self.shortcut = nn.Conv2d(c_in, c_out, 1, stride=stride) if c_in != c_out or stride != 1 else nn.Identity()
         self.act2 = make_act(config, c_out, 1)
 
     def forward(self, x):  # (B, C_in, H, W) -> (B, C_out, H, W)
@@ -113,6 +115,35 @@ class PolyCNN(nn.Module):
 
     def forward(self, x):  # (B, C, H, W) -> (B, classes)
         return self.head(self.stage2(self.pool(self.stage1(self.stem(x)))))
+
+
+class PolyResNet(nn.Module):
+    """CIFAR-style ResNet (He et al. 2016, §4.2): stem conv3x3 -> 3 stages x n residual blocks at width, 2 width,
+    4 width channels (the 2nd and 3rd start with stride 2) -> global average pool -> Linear. ``width=16,
+    depth=3`` is ResNet-20 (6n + 2 = 20 weighted layers). Per-sample PolyNorm and PolyAct everywhere; the
+    baseline twin has BatchNorm and ReLU at the same places, the same convolutions and the same pooling.
+
+    Example:
+        >>> cfg = ModelConfig(arch="resnet", input_shape=[3, 32, 32], width=16, depth=3)
+        >>> PolyResNet(cfg).forward(torch.randn(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        w = config.width
+        self.stem = make_stem(config.replace(stem_stride=1))
+        stages, c_in = [], w
+        for i, c_out in enumerate((w, 2 * w, 4 * w)):
+            blocks = [ResidualBlock(config, c_in if j == 0 else c_out, c_out, stride=2 if i and j == 0 else 1)
+                      for j in range(config.depth)]
+            stages.append(nn.Sequential(*blocks))
+            c_in = c_out
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, config.num_classes))
+
+    def forward(self, x):  # (B, C, H, W) -> (B, classes)
+        return self.head(self.stages(self.stem(x)))  # stages: (B, w, H, W) -> (B, 4w, H/4, W/4)
 
 
 class PlainPolyCNN(nn.Module):
@@ -189,7 +220,8 @@ def build_cnn(config: ModelConfig) -> nn.Module:
     return PolyCNN(config) if config.residual else PlainPolyCNN(config)
 
 
-ARCHITECTURES: dict[str, Callable[[ModelConfig], nn.Module]] = {"mlp": PolyMLP, "cnn": build_cnn, "vit": PolyViT}
+ARCHITECTURES: dict[str, Callable[[ModelConfig], nn.Module]] = {"mlp": PolyMLP, "cnn": build_cnn, "resnet": PolyResNet,
+                                                                 "vit": PolyViT}
 
 
 def build_model(config: ModelConfig) -> nn.Module:

@@ -87,11 +87,11 @@ class PolyAct(nn.Module):
         coeffs = self.coefficients()
         if self.channel_dim == 1 and x.dim() > 2:
             coeffs = coeffs.reshape(coeffs.shape[0], *([1] * (x.dim() - 2)), coeffs.shape[1])  # (C, 1, 1, n+1)
-        y = coeffs[..., -1]
-        for i in range(self.config.degree - 1, -1, -1):  # Horner: (((a3 x + a2) x + a1) x + a0)
-            y = y * x + coeffs[..., i]
         if self.config.degree == 0:
-            y = y.expand_as(x)
+            return self.dropout(coeffs[..., 0].expand_as(x))
+        y = torch.addcmul(coeffs[..., -2], x, coeffs[..., -1])  # Horner: (((a3 x + a2) x + a1) x + a0), fused
+        for i in range(self.config.degree - 2, -1, -1):
+            y = torch.addcmul(coeffs[..., i], y, x)
         return self.dropout(y)
 
     def extra_repr(self) -> str:

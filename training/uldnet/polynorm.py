@@ -63,23 +63,24 @@ class PolyNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dims = self._reduce_dims(x)
-        centred = x - x.mean(dim=dims, keepdim=True)
-        var = (centred * centred).mean(dim=dims, keepdim=True)  # per-sample (population) variance
+        var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)  # per-sample (population) statistics
         if self.training:
             with torch.no_grad():
                 m = self.config.momentum if self.num_batches_tracked > 0 else 1.0
                 self.running_var.lerp_(var.mean().to(self.running_var.dtype), m)
                 self.num_batches_tracked += 1
         if self.exact:
-            y = centred * torch.rsqrt(var + self.config.eps)
+            scale = torch.rsqrt(var + self.config.eps)
         else:
             v = var / self.running_var
             if self.training:
                 self.last_v = v
-            y = centred * self.g(self.config.mu * v) * torch.sqrt(self.config.mu / self.running_var)
+            scale = self.g(self.config.mu * v) * torch.sqrt(self.config.mu / self.running_var)
+        # (x - E[x]) * scale * weight + bias as one fused pass over x: the per-sample factors are small tensors
         if self.weight is not None:
-            y = y * self.weight + self.bias
-        return y
+            scale = scale * self.weight
+            return torch.addcmul(self.bias - mean * scale, x, scale)
+        return (x - mean) * scale
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, layout={self.layout}, g(x)={self.a:.6f}(x-{self.b:g})^2+{self.c:.6f}, "

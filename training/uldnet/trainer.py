@@ -68,9 +68,10 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Decay matrices and kernels only: not biases, norm gains or polynomial coefficients."""
+    kernels = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))}
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.dim() > 1 and not name.endswith("alpha") else no_decay).append(p)
+    for p in model.parameters():  # PolyNorm's (C, 1, 1) gain is a norm gain, as BatchNorm's is: not decayed
+        (decay if id(p) in kernels else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -149,6 +150,7 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
         "parameters": sum(p.numel() for p in model.parameters()),
         "depth_total": depth.total,
         "depth_max_per_operator": depth.max_op_levels,
+        "depth_per_block": [b["levels"] for b in depth.per_block()],
         "polynomial": depth.polynomial,
         "torch_threads": torch.get_num_threads(),
         "processes": distributed.world().size,  # data-parallel ranks (torchrun), each on its slice of a batch
