@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tenseal.sealapi as sa
 from veil.he.errors import MismatchError
+from veil.he.keys import GaloisSet
 from veil.he.layout import split_background
 from veil.he.packing import decompose, fold_steps, residue, sum_steps, tile
 from veil.he.plan import Plan
@@ -201,16 +202,16 @@ class PlanEvaluator:
                                          self.plan.spec["values"][op["inputs"][0]]["features"]))
         return [total]
 
-    def rotate(self, ct: Ct, step: int, galois: sa.GaloisKeys) -> Ct:
+    def rotate(self, ct: Ct, step: int, galois: GaloisSet) -> Ct:
         """``ct`` rotated left by ``step`` slots with the manifest's keys (a new ciphertext)."""
         out = ct
         for part in decompose(step, self.keys, self.chain.slots):
             rotated = Ct()
-            self.chain.evaluator.rotate_vector(out, part, galois, rotated)
+            self.chain.evaluator.rotate_vector(out, part, galois.key_for(part), rotated)
             out = rotated
         return out
 
-    def _block_sum(self, ct: Ct, window: int, galois: sa.GaloisKeys) -> Ct:
+    def _block_sum(self, ct: Ct, window: int, galois: GaloisSet) -> Ct:
         """Each block's sum on every slot of [0, window] of the block (he/packing.py), in place."""
         ev, steps = self.chain.evaluator, sum_steps(window)
         for step in steps[:-1]:
@@ -218,7 +219,7 @@ class PlanEvaluator:
         ev.add_inplace(ct, self.rotate(ct, steps[-1], galois))
         return ct
 
-    def _bsgs(self, xs: list[Ct], outputs: list, window: int, galois: sa.GaloisKeys) -> list[Ct]:
+    def _bsgs(self, xs: list[Ct], outputs: list, window: int, galois: GaloisSet) -> list[Ct]:
         """Masked-diagonal products for every output of one linear op (baby rotations shared by outputs)."""
         ev = self.chain.evaluator
         babies: dict[tuple[int, int], Ct] = {}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +45,20 @@ from veil.config import write_atomic
 
 EVALUATION_KEYS_MAGIC = b"VEILEVK\x00"
 KEYRING_MAGIC = b"VEILSK\x00\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # the keyring file
+# evaluation keys: 1 = one Galois section; 2 = Galois keys in groups (one SEAL object each), ``galois_groups``
+EVALUATION_KEYS_VERSION = 2
+EVALUATION_KEYS_VERSIONS = (1, EVALUATION_KEYS_VERSION)
+# Galois keys are generated and shipped in groups of at most this many seeded bytes, one SEAL object each: SEAL
+# objects past 2 GiB cannot be read back (a single read() returns at most 2 GiB - 4 KiB on Linux, and SEAL's own
+# streams are bounded too; TenSEAL#452), and a group is the unit of key-generation progress.
+GALOIS_GROUP_BYTES = 256 << 20
 _SCRYPT = {"n": 2**17, "r": 8, "p": 1}  # 128 MiB, ~0.5 s per derivation (current guidance: n >= 2^17)
 # What a keyring file may ask scrypt for: n a power of two up to 2^20, 128·n·r bytes of memory up to 1 GiB.
 _SCRYPT_MAX = {"n": 2**20, "r": 32, "p": 16}
 _SCRYPT_MAX_MEMORY = 2**30
 _EVK_FIELDS = ("galois_steps", "lengths", "params", "params_hash", "sections")
+_EVK_FIELDS_V2 = (*_EVK_FIELDS, "galois_groups")
 _SEAL_HEADER_BYTES = 16
 
 
@@ -66,22 +74,70 @@ def normalize_steps(params: CkksParameters, galois_steps: Sequence[int]) -> tupl
     return tuple(sorted(steps))
 
 
-def max_bundle_bytes(params: CkksParameters, galois_steps: Sequence[int]) -> int:
-    """The most bytes a seeded evaluation-key bundle for ``galois_steps`` can take at ``params``, plus 5 %.
+def switch_key_bytes(params: CkksParameters) -> int:
+    """The most seeded bytes of one key-switching key (the relinearization key, or one Galois key) at ``params``.
 
-    One key-switching key (the relinearization key, or one Galois key) holds, for each of the L data primes,
-    a seeded ciphertext at the key level: one polynomial of N coefficients over all L + 1 primes (8 bytes
-    each) plus its seed. zstd only shrinks that; an unseeded bundle is twice as large and is refused.
+    It holds, for each of the L data primes, a seeded ciphertext at the key level: one polynomial of N
+    coefficients over all L + 1 primes (8 bytes each) plus its seed. zstd only shrinks that.
     """
     primes = len(params.coeff_mod_bit_sizes)
-    per_key = (primes - 1) * (params.poly_modulus_degree * primes * 8 + 4 * _SEAL_HEADER_BYTES + 64)
+    return (primes - 1) * (params.poly_modulus_degree * primes * 8 + 4 * _SEAL_HEADER_BYTES + 64)
+
+
+def max_bundle_bytes(params: CkksParameters, galois_steps: Sequence[int]) -> int:
+    """The most bytes a seeded evaluation-key bundle for ``galois_steps`` can take at ``params``, plus 5 %
+    (:func:`switch_key_bytes` per key); an unseeded bundle is twice as large and is refused."""
     keys = 1 + galois_key_count(params, list(galois_steps))
-    return int(keys * per_key * 1.05) + 64 * 1024  # the JSON header and SEAL's per-object headers
+    groups = 1 + len(galois_groups(params, galois_steps))
+    return int(keys * switch_key_bytes(params) * 1.05) + 64 * 1024 * groups  # JSON header, SEAL object headers
+
+
+def galois_groups(params: CkksParameters, galois_steps: Sequence[int],
+                  group_bytes: int | None = None) -> list[tuple[int, ...]]:
+    """``galois_steps`` (normalized) cut into consecutive groups of at most ``group_bytes`` (default
+    :data:`GALOIS_GROUP_BYTES`) seeded key bytes each (at least one key a group); steps that share a Galois
+    element (-1 and slots - 1) stay together."""
+    per_group = max(1, (group_bytes or GALOIS_GROUP_BYTES) // switch_key_bytes(params))
+    groups: list[list[int]] = []
+    seen: dict[int, int] = {}  # Galois element -> group index
+    for step in normalize_steps(params, galois_steps):
+        element = galois_element(params, step)
+        if element in seen:
+            groups[seen[element]].append(step)
+            continue
+        if not groups or len({galois_element(params, s) for s in groups[-1]}) >= per_group:
+            groups.append([])
+        groups[-1].append(step)
+        seen[element] = len(groups) - 1
+    return [tuple(g) for g in groups]
 
 
 def galois_element(params: CkksParameters, step: int) -> int:
     """SEAL's Galois element for a left rotation by ``step`` slots (``galois_elt_from_step``)."""
     return pow(3, step % params.slots, 2 * params.poly_modulus_degree)
+
+
+class GaloisSet:
+    """Galois keys held as several SEAL objects (groups of steps, each under SEAL's size limit).
+
+    ``key_for(step)`` is the ``sa.GaloisKeys`` object that holds ``step``'s key, for ``Evaluator.rotate_vector``.
+    """
+
+    def __init__(self, params: CkksParameters, groups: Sequence[tuple[tuple[int, ...], sa.GaloisKeys]]) -> None:
+        self.params = params
+        self.groups = list(groups)
+        self._by_step = {step: keys for steps, keys in self.groups for step in steps}
+
+    def key_for(self, step: int) -> sa.GaloisKeys:
+        try:
+            return self._by_step[step]
+        except KeyError:
+            raise MismatchError(f"galois keys: expected a key for rotation step {step}, the keys cover "
+                                f"{sorted(self._by_step)}") from None
+
+    def size(self) -> int:
+        """Distinct Galois keys in all groups."""
+        return sum(keys.size() for _, keys in self.groups)
 
 
 class EvaluationKeys:
@@ -90,27 +146,37 @@ class EvaluationKeys:
     Attributes:
         params: the parameter set the keys belong to.
         relin: ``sa.RelinKeys``.
-        galois: ``sa.GaloisKeys`` for ``galois_steps``, or None when no rotation is needed.
+        galois: a :class:`GaloisSet` for ``galois_steps`` (one SEAL object per group of
+            :func:`galois_groups`), or None when no rotation is needed.
         galois_steps: the rotation steps the Galois keys cover (sorted).
     """
 
-    def __init__(self, params: CkksParameters, relin_bytes: bytes, galois_bytes: bytes | None,
-                 galois_steps: Sequence[int]) -> None:
+    def __init__(self, params: CkksParameters, relin_bytes: bytes,
+                 galois_parts: Sequence[tuple[Sequence[int], bytes]], galois_steps: Sequence[int]) -> None:
         self.params = params
         self.galois_steps = normalize_steps(params, galois_steps)
-        self._relin_bytes, self._galois_bytes = relin_bytes, galois_bytes
+        self._relin_bytes = relin_bytes
+        self._galois_parts = [(normalize_steps(params, steps), blob) for steps, blob in galois_parts]
         ctx = params.seal_context()
         self.relin = self._load(sa.RelinKeys(), ctx, relin_bytes, "relin")
         if self.relin.size() != 1 or not self.relin.has_key(2):
             raise MalformedKeys(f"evaluation_keys.relin: expected one relinearization key, received {self.relin.size()}")
-        self.galois: sa.GaloisKeys | None = None
-        if galois_bytes is not None:
-            self.galois = self._load(sa.GaloisKeys(), ctx, galois_bytes, "galois")
-            missing = [s for s in self.galois_steps if not self.galois.has_key(galois_element(params, s))]
-            distinct = len({galois_element(params, s) for s in self.galois_steps})  # -1 and slots-1 coincide
-            if missing or self.galois.size() != distinct:
-                raise MalformedKeys(f"evaluation_keys.galois: expected keys for steps {list(self.galois_steps)}, "
-                                    f"received {self.galois.size()} keys (missing steps {missing})")
+        covered = [s for steps, _ in self._galois_parts for s in steps]
+        if sorted(covered) != list(self.galois_steps):
+            raise MalformedKeys(f"evaluation_keys.galois_groups: expected groups covering steps "
+                                f"{list(self.galois_steps)} once each, received {covered[:64]}")
+        self.galois: GaloisSet | None = None
+        if self._galois_parts:
+            groups = []
+            for index, (steps, blob) in enumerate(self._galois_parts):
+                keys = self._load(sa.GaloisKeys(), ctx, blob, f"galois[{index}]")
+                missing = [s for s in steps if not keys.has_key(galois_element(params, s))]
+                distinct = len({galois_element(params, s) for s in steps})  # -1 and slots-1 coincide
+                if missing or keys.size() != distinct:
+                    raise MalformedKeys(f"evaluation_keys.galois[{index}]: expected keys for steps {list(steps)}, "
+                                        f"received {keys.size()} keys (missing steps {missing})")
+                groups.append((steps, keys))
+            self.galois = GaloisSet(params, groups)
         elif self.galois_steps:
             raise MalformedKeys(f"evaluation_keys.galois: expected keys for steps {list(self.galois_steps)}, received none")
 
@@ -126,27 +192,32 @@ class EvaluationKeys:
         return obj
 
     def to_bytes(self) -> bytes:
-        """The versioned container: magic, version, params JSON, steps, SHA-256, seeded SEAL sections."""
-        sections = [self._relin_bytes] + ([self._galois_bytes] if self._galois_bytes is not None else [])
+        """The versioned container: magic, version 2, params JSON, steps, their groups, SHA-256, seeded SEAL
+        sections (relin, then one per Galois group)."""
+        sections = [self._relin_bytes] + [blob for _, blob in self._galois_parts]
         header = {"params": self.params.to_dict(), "params_hash": self.params.hash(),
-                  "galois_steps": list(self.galois_steps), "sections": ["relin", "galois"][:len(sections)],
+                  "galois_steps": list(self.galois_steps), "sections": ["relin"] + ["galois"] * len(self._galois_parts),
+                  "galois_groups": [list(steps) for steps, _ in self._galois_parts],
                   "lengths": [len(s) for s in sections]}
-        return pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, header, b"".join(sections))
+        return pack(EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION, header, b"".join(sections))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> EvaluationKeys:
-        """Parse and check :meth:`to_bytes` output.
+        """Parse and check :meth:`to_bytes` output (version 2, or version 1: one Galois section).
 
         Raises:
             MalformedKeys: bad container, unknown sections, keys not valid for the stated parameters.
             SecurityError, ParameterError: the stated parameters are refused.
         """
-        _, header, payload = unpack(data, EVALUATION_KEYS_MAGIC, (FORMAT_VERSION,), MalformedKeys, "evaluation_keys")
-        check_fields(header, _EVK_FIELDS, MalformedKeys, "evaluation_keys")  # nothing unparsed is ever stored
+        version, header, payload = unpack(data, EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSIONS, MalformedKeys,
+                                          "evaluation_keys")
+        # nothing unparsed is ever stored
+        check_fields(header, _EVK_FIELDS if version == 1 else _EVK_FIELDS_V2, MalformedKeys, "evaluation_keys")
         sections = header["sections"]
-        if sections not in (["relin"], ["relin", "galois"]):
-            raise MalformedKeys(f"evaluation_keys.sections: expected ['relin'] or ['relin', 'galois'], "
-                                f"received {sections!r}")
+        if not isinstance(sections, list) or sections[:1] != ["relin"] or any(s != "galois" for s in sections[1:]) \
+                or (version == 1 and len(sections) > 2):
+            raise MalformedKeys(f"evaluation_keys.sections: expected ['relin'] then one 'galois' per group "
+                                f"(version 1: at most one), received {str(sections)[:120]}")
         params = _parameters(header["params"], MalformedKeys, "evaluation_keys.params")
         if header["params_hash"] != params.hash():
             raise MalformedKeys(f"evaluation_keys.params_hash: expected {params.hash()}, "
@@ -158,7 +229,15 @@ class EvaluationKeys:
         if not isinstance(steps, list) or len(steps) >= params.slots:
             raise MalformedKeys(f"evaluation_keys.galois_steps: expected a list of < {params.slots} steps, "
                                 f"received {str(steps)[:80]}")
-        return cls(params, blobs[0], blobs[1] if len(blobs) > 1 else None, steps)
+        groups = [steps] if version == 1 and len(blobs) > 1 else header.get("galois_groups", [])
+        if not isinstance(groups, list) or len(groups) != len(blobs) - 1 or not all(isinstance(g, list) for g in groups):
+            raise MalformedKeys(f"evaluation_keys.galois_groups: expected {len(blobs) - 1} lists of steps, "
+                                f"received {str(groups)[:120]}")
+        try:
+            parts = [(normalize_steps(params, g), blob) for g, blob in zip(groups, blobs[1:], strict=True)]
+        except ParameterError as exc:
+            raise MalformedKeys(f"evaluation_keys.galois_groups: {exc}") from None
+        return cls(params, blobs[0], parts, steps)
 
     @property
     def size_bytes(self) -> int:
@@ -192,16 +271,27 @@ class SecretKeyring:
         """A fresh secret key for ``params``; evaluation keys will cover ``galois_steps``."""
         return cls(params, sa.KeyGenerator(params.seal_context()).secret_key(), galois_steps)
 
-    def evaluation_keys(self) -> EvaluationKeys:
-        """Seeded relinearization + Galois keys for this keyring's steps (generated once, then cached)."""
+    def evaluation_keys(self, progress: Callable[[int, int], None] | None = None) -> EvaluationKeys:
+        """Seeded relinearization + Galois keys for this keyring's steps (generated once, then cached).
+
+        Galois keys are generated group by group (:func:`galois_groups`, one SEAL object each, never near SEAL's
+        2 GiB limit); ``progress(done, total)`` is called after each key object (relin first).
+        """
         if self._evaluation_keys is None:
             keygen = sa.KeyGenerator(self.params.seal_context(), self._secret_key)
-            # Pass Galois elements, never steps: the bindings' list[int] overloads are ambiguous, and a list of
-            # non-negative steps is silently taken as elements (step 1 would become the identity element 1).
-            elements = [galois_element(self.params, s) for s in self.galois_steps]
-            galois = seal_to_bytes(keygen.create_galois_keys(elements)) if elements else None
+            groups = galois_groups(self.params, self.galois_steps)
             relin = seal_to_bytes(keygen.create_relin_keys())
-            self._evaluation_keys = EvaluationKeys(self.params, relin, galois, self.galois_steps)
+            if progress:
+                progress(1, 1 + len(groups))
+            parts = []
+            for index, steps in enumerate(groups):
+                # Pass Galois elements, never steps: the bindings' list[int] overloads are ambiguous, and a list of
+                # non-negative steps is silently taken as elements (step 1 would become the identity element 1).
+                elements = sorted({galois_element(self.params, s) for s in steps})
+                parts.append((steps, seal_to_bytes(keygen.create_galois_keys(elements))))
+                if progress:
+                    progress(index + 2, 1 + len(groups))
+            self._evaluation_keys = EvaluationKeys(self.params, relin, parts, self.galois_steps)
         return self._evaluation_keys
 
     def _plaintext(self, vector: np.ndarray, index: int) -> sa.Plaintext:

@@ -203,7 +203,7 @@ def encrypted_scores(keys: EvaluationKeys, cts: Sequence[sa.Ciphertext], matrix:
         chain.rescale(acc)  # scale q0 * Delta / q0 = Delta, level 1
         for step in galois_steps(params):  # every slot <- sum of all slots
             rotated = sa.Ciphertext()
-            ev.rotate_vector(acc, step, keys.galois, rotated)
+            ev.rotate_vector(acc, step, keys.galois.key_for(step), rotated)
             ev.add_inplace(acc, rotated)
         mask = np.zeros(slots)
         mask[m] = 1.0

@@ -19,7 +19,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from veil.he.envelope import ENVELOPE_MAGIC, ENVELOPE_VERSION, open_envelope, seal_envelope
 from veil.he.errors import HEError
-from veil.he.keys import EVALUATION_KEYS_MAGIC, FORMAT_VERSION, KEYRING_MAGIC, EvaluationKeys, SecretKeyring
+from veil.he.keys import (
+    EVALUATION_KEYS_MAGIC,
+    EVALUATION_KEYS_VERSION,
+    FORMAT_VERSION,
+    KEYRING_MAGIC,
+    EvaluationKeys,
+    SecretKeyring,
+)
 from veil.he.keystore import KeyStore
 from veil.he.params import CkksParameters
 from veil.he.serialize import CIPHERTEXTS_MAGIC, CIPHERTEXTS_VERSION, ciphertexts_from_bytes, pack, unpack
@@ -134,11 +141,12 @@ def test_mutated_key_bundles(bundle: bytes, data: st.DataObject) -> None:
 
 
 @FUZZ
-@given(field=st.sampled_from(["params", "params_hash", "galois_steps", "sections", "lengths", "secret_key"]),
+@given(field=st.sampled_from(["params", "params_hash", "galois_steps", "galois_groups", "sections", "lengths",
+                              "secret_key"]),
        value=JSON, drop=st.none() | st.sampled_from(["params", "lengths", "galois_steps"]), flips=FLIPS)
 def test_repacked_key_bundles(bundle: bytes, field: str, value: Any, drop: str | None,
                               flips: list[tuple[int, int]]) -> None:
-    data = repacked(bundle, EVALUATION_KEYS_MAGIC, FORMAT_VERSION, {field: value}, drop, flips)
+    data = repacked(bundle, EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION, {field: value}, drop, flips)
     keys = only_he_errors(EvaluationKeys.from_bytes, data)
     if keys is not None:  # accepted: then it is exactly a valid bundle's content, nothing more
         assert field != "secret_key" and drop is None

@@ -69,7 +69,7 @@ def test_round_tripped_evaluation_keys_rotate_and_square(ring: SecretKeyring) ->
     x = np.linspace(-1, 1, PARAMS.slots)
     [ct] = ciphertexts_from_bytes(PARAMS, ring.encrypt_to_bytes([x]))
     ev, rotated = sa.Evaluator(PARAMS.seal_context()), sa.Ciphertext()
-    ev.rotate_vector(ct, 1, keys.galois, rotated)
+    ev.rotate_vector(ct, 1, keys.galois.key_for(1), rotated)
     ev.square_inplace(rotated)
     ev.relinearize_inplace(rotated, keys.relin)
     ev.rescale_to_next_inplace(rotated)
@@ -85,15 +85,18 @@ def test_evaluation_keys_refuse_garbage_swaps_and_secret_keys(ring: SecretKeyrin
         EvaluationKeys.from_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     keys = ring.evaluation_keys()
     with pytest.raises(MalformedKeys, match="relin"):  # a secret key in place of the relin keys
-        EvaluationKeys(PARAMS, seal_to_bytes(ring._secret_key), None, [])
+        EvaluationKeys(PARAMS, seal_to_bytes(ring._secret_key), [], [])
+    [(steps, galois)] = keys._galois_parts
     with pytest.raises(MalformedKeys, match="relin"):  # galois keys in place of relin keys
-        EvaluationKeys(PARAMS, keys._galois_bytes, None, [])
+        EvaluationKeys(PARAMS, galois, [], [])
     with pytest.raises(MalformedKeys, match="galois"):  # relin keys where 3 galois keys belong
-        EvaluationKeys(PARAMS, keys._relin_bytes, keys._relin_bytes, [1, 2, -1])
+        EvaluationKeys(PARAMS, keys._relin_bytes, [((1, 2, -1), keys._relin_bytes)], [1, 2, -1])
     with pytest.raises(MalformedKeys, match=r"missing steps \[3\]"):
-        EvaluationKeys(PARAMS, keys._relin_bytes, keys._galois_bytes, [1, 3, -1])
+        EvaluationKeys(PARAMS, keys._relin_bytes, [((1, 3, -1), galois)], [1, 3, -1])
+    with pytest.raises(MalformedKeys, match="galois_groups"):  # groups that do not cover the stated steps
+        EvaluationKeys(PARAMS, keys._relin_bytes, [(steps, galois)], [*steps, 3])
     with pytest.raises(MalformedKeys, match="relin"):  # keys of other parameters
-        EvaluationKeys(OTHER, keys._relin_bytes, None, [])
+        EvaluationKeys(OTHER, keys._relin_bytes, [], [])
 
 
 def test_keyring_without_galois_steps_ships_relin_keys_only() -> None:
@@ -168,7 +171,7 @@ def test_galois_keys_rotate_by_every_requested_step(steps: list[int]) -> None:
     ev = sa.Evaluator(OTHER.seal_context())
     for step in steps:
         out = sa.Ciphertext()
-        ev.rotate_vector(ct, step, keys.galois, out)
+        ev.rotate_vector(ct, step, keys.galois.key_for(step), out)
         assert np.max(np.abs(ring.decrypt([out])[0] - np.roll(x, -step))) < 1e-5
 
 
@@ -212,7 +215,7 @@ def test_seal_from_bytes_refuses_trailing_bytes(ring: SecretKeyring) -> None:
     with pytest.raises(ValueError, match="SEAL header"):
         seal_from_bytes(sa.RelinKeys(), PARAMS.seal_context(), relin + seal_to_bytes(ring._secret_key))
     with pytest.raises(MalformedKeys, match="relin"):
-        EvaluationKeys(PARAMS, relin + b"\x00" * 64, None, [])
+        EvaluationKeys(PARAMS, relin + b"\x00" * 64, [], [])
 
 
 def _keyring_with(path: Path, **header_changes: object) -> None:
@@ -257,20 +260,20 @@ def test_keyring_scrypt_default_and_empty_passphrase(ring: SecretKeyring, tmp_pa
 
 # -- issue 19.5: a key bundle carries only what veil parses ----------------------------------------------------
 def test_evaluation_keys_refuse_unknown_header_fields(ring: SecretKeyring) -> None:
-    from veil.he.keys import EVALUATION_KEYS_MAGIC, FORMAT_VERSION
+    from veil.he.keys import EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION
     from veil.he.serialize import pack, unpack
 
-    _, header, payload = unpack(ring.evaluation_keys().to_bytes(), EVALUATION_KEYS_MAGIC, (FORMAT_VERSION,),
+    _, header, payload = unpack(ring.evaluation_keys().to_bytes(), EVALUATION_KEYS_MAGIC, (EVALUATION_KEYS_VERSION,),
                                 MalformedKeys, "evaluation_keys")
     pasted = {**header, "secret_key": seal_to_bytes(ring._secret_key).hex()}
     with pytest.raises(MalformedKeys, match=r"unknown fields \['secret_key'\]"):
-        EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, pasted, payload))
+        EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION, pasted, payload))
     del header["params_hash"]
     with pytest.raises(MalformedKeys, match=r"missing fields \['params_hash'\]"):
-        EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, header, payload))
+        EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION, header, payload))
     for params in (5, {"poly_modulus_degree": 8192, "coeff_mod_bit_sizes": 7, "scale_bits": 40}):
         with pytest.raises(MalformedKeys, match="params"):  # before: a bare TypeError (500)
-            EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, {**header, "params": params,
+            EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION, {**header, "params": params,
                                                                                    "params_hash": ""}, payload))
 
 
@@ -282,3 +285,54 @@ def test_max_bundle_bytes_bounds_real_bundles() -> None:
         actual = SecretKeyring.generate(params, steps).evaluation_keys().size_bytes
         limit = max_bundle_bytes(params, steps)
         assert actual <= limit < 1.6 * actual + 64 * 1024, (params, steps, actual, limit)
+
+
+# -- issue 35.4: Galois keys in groups, one SEAL object each, never near SEAL's 2 GiB limit -------------------
+def test_galois_groups_bound_each_object_and_keep_shared_elements_together() -> None:
+    from veil.he.keys import GALOIS_GROUP_BYTES, galois_groups, switch_key_bytes
+
+    per_key = switch_key_bytes(PARAMS)
+    steps = [1, 2, 3, 4, 5, -1, PARAMS.slots - 1]  # -1 and slots - 1 are one Galois element
+    groups = galois_groups(PARAMS, steps, group_bytes=2 * per_key)
+    assert sorted(s for g in groups for s in g) == sorted(steps)
+    assert all(len({s % PARAMS.slots for s in g}) <= 2 for g in groups)  # at most 2 distinct keys a group
+    assert any({-1, PARAMS.slots - 1} <= set(g) for g in groups)
+    assert galois_groups(PARAMS, steps) == [tuple(sorted(steps))]  # the default bound holds them in one
+    # the deep model that broke (issue 35): ~38 keys at N = 32768 fit 256 MiB objects, each far below 2 GiB
+    big = CkksParameters(32768, (60, *[40] * 18, 60), 40)
+    sizes = [len({s % big.slots for s in g}) * switch_key_bytes(big) for g in galois_groups(big, list(range(1, 39)))]
+    assert len(sizes) > 1 and max(sizes) <= GALOIS_GROUP_BYTES < 2**31 - 4096
+
+
+def test_grouped_galois_keys_round_trip_rotate_and_report_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    from veil.he import keys as keys_module
+
+    monkeypatch.setattr(keys_module, "GALOIS_GROUP_BYTES", 2 * keys_module.switch_key_bytes(PARAMS))
+    calls: list[tuple[int, int]] = []
+    ring = SecretKeyring.generate(PARAMS, [1, 2, 3, -1])
+    keys = EvaluationKeys.from_bytes(ring.evaluation_keys(progress=lambda d, t: calls.append((d, t))).to_bytes())
+    assert calls == [(1, 3), (2, 3), (3, 3)] and len(keys.galois.groups) == 2 and keys.galois.size() == 4
+    x = np.arange(16, dtype=float)
+    [ct] = ring.encrypt([x])
+    ev = sa.Evaluator(PARAMS.seal_context())
+    for step in (1, 2, 3, -1):
+        out = sa.Ciphertext()
+        ev.rotate_vector(ct, step, keys.galois.key_for(step), out)
+        assert np.allclose(ring.decrypt([out])[0][:8], np.roll(np.pad(x, (0, PARAMS.slots - 16)), -step)[:8], atol=1e-3)
+    with pytest.raises(MismatchError, match="rotation step 5"):
+        keys.galois.key_for(5)
+
+
+def test_version_1_bundles_with_one_galois_section_still_load(ring: SecretKeyring) -> None:
+    from veil.he.keys import EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION
+    from veil.he.serialize import pack, unpack
+
+    keys = ring.evaluation_keys()
+    _, header, payload = unpack(keys.to_bytes(), EVALUATION_KEYS_MAGIC, (EVALUATION_KEYS_VERSION,), MalformedKeys,
+                                "evaluation_keys")
+    v1 = {k: v for k, v in header.items() if k != "galois_groups"}
+    loaded = EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, 1, v1, payload))
+    assert loaded.galois_steps == keys.galois_steps and loaded.galois.size() == keys.galois.size()
+    with pytest.raises(MalformedKeys, match="galois_groups"):  # groups that do not match the sections
+        EvaluationKeys.from_bytes(pack(EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION,
+                                       {**header, "galois_groups": []}, payload))

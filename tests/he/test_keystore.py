@@ -170,7 +170,7 @@ def test_stored_keys_evaluate(tmp_path: Path, rings: list[SecretKeyring], key_by
     keys = store.get(reg.key_id, reg.key_secret)
     [ct] = rings[0].encrypt([np.arange(4.0)])
     out = sa.Ciphertext()
-    sa.Evaluator(PARAMS.seal_context()).rotate_vector(ct, 1, keys.galois, out)
+    sa.Evaluator(PARAMS.seal_context()).rotate_vector(ct, 1, keys.galois.key_for(1), out)
     assert np.allclose(rings[0].decrypt([out])[0][:3], [1.0, 2.0, 3.0], atol=1e-6)
 
 
@@ -211,15 +211,15 @@ def test_one_source_cannot_fill_the_store(tmp_path: Path, key_bytes: list[bytes]
 
 def test_only_the_parsed_bundle_is_stored(tmp_path: Path, rings: list[SecretKeyring]) -> None:
     # issue 19.5: a bundle is re-serialized from its parsed fields; unknown header fields are refused
-    from veil.he.keys import FORMAT_VERSION
+    from veil.he.keys import EVALUATION_KEYS_VERSION
     from veil.he.serialize import unpack
 
     keys = rings[0].evaluation_keys()
-    _, header, payload = unpack(keys.to_bytes(), EVALUATION_KEYS_MAGIC, (FORMAT_VERSION,), MalformedKeys, "evk")
+    _, header, payload = unpack(keys.to_bytes(), EVALUATION_KEYS_MAGIC, (EVALUATION_KEYS_VERSION,), MalformedKeys, "evk")
     store = _store(tmp_path)
     with pytest.raises(MalformedKeys, match="unknown fields"):
-        store.register(pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, {**header, "note": "sk=" + "ab" * 100}, payload))
-    shuffled = pack(EVALUATION_KEYS_MAGIC, FORMAT_VERSION, {**header, "galois_steps": [1, 1]}, payload)
+        store.register(pack(EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION, {**header, "note": "sk=" + "ab" * 100}, payload))
+    shuffled = pack(EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION, {**header, "galois_steps": [1, 1]}, payload)
     reg = store.register(shuffled)  # accepted after normalization; what is stored is the canonical bundle
     assert reg.key_id == keys.key_id
     assert (tmp_path / "keys" / f"{reg.key_id}.evk").read_bytes() == keys.to_bytes()
