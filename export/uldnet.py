@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from veil.training.checkpoint import checkpoint_hash
-from veil.training.uldnet import load_digits_preset, load_npz, load_uldnet, multiplicative_depth
+from veil.training.uldnet import (
+    load_digits_preset,
+    load_npz,
+    load_photos32,
+    load_uldnet,
+    multiplicative_depth,
+)
 
 from .onnx_export import export_graph
 from .quantize import quantize_static_int8
@@ -18,6 +25,20 @@ from .validate import cpu_session, validate_export
 
 EXAMPLE_BATCH = 4
 VALIDATION_CASES = [{"batch": 1}, {"batch": 3}, {"batch": 17}]
+BUNDLED = {"preset:digits": load_digits_preset, "preset:photos32": load_photos32}  # data veil can reload
+
+
+def input_contract(config: dict[str, Any]) -> dict[str, Any]:
+    """What the model's input ``x`` must be (dtype, shape, value scale, normalisation), from the checkpoint's
+    config; a checkpoint that predates the contract gets the digits one when it was trained on digits."""
+    shape = list(config["model"]["input_shape"])
+    contract = config["data"].get("input")
+    if contract is None and config["data"]["source"] in BUNDLED:
+        contract = BUNDLED[config["data"]["source"]]().contract()
+    if contract is None:
+        contract = {"dtype": "float32", "shape": shape, "scale": "unknown (checkpoint written before veil recorded it)",
+                    "normalization": "unknown"}
+    return {"name": "x", **contract}
 
 
 def _reference_data(config: dict[str, Any], calibration: Path | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
@@ -25,8 +46,8 @@ def _reference_data(config: dict[str, Any], calibration: Path | None) -> tuple[n
     if calibration is not None:
         data = load_npz(calibration)
         return data.x_train, data.x_test, data.y_test
-    if config["data"]["source"] == "preset:digits":
-        data = load_digits_preset()
+    if config["data"]["source"] in BUNDLED:
+        data = BUNDLED[config["data"]["source"]]()
         return data.x_val, data.x_test, data.y_test
     raise ExportError(f"--calibration: the checkpoint was trained on {config['data']['source']!r}, which veil cannot "
                       "reload; pass an .npz with x (and y) for int8 calibration")
@@ -37,16 +58,17 @@ def _validation_inputs(config: dict[str, Any], shape: list[int]) -> tuple[Any, s
     (a trained polynomial network is only bounded near its data: stacked PolyActs overflow float32 to NaN on
     standard-normal inputs), standard normal otherwise; seeded either way."""
     generator = torch.Generator().manual_seed(0)
-    rows = None
-    if config["data"]["source"] == "preset:digits":
-        rows = torch.from_numpy(np.ascontiguousarray(load_digits_preset().x_val, dtype=np.float32))
+    rows, source = None, config["data"]["source"]
+    if source in BUNDLED:
+        rows = torch.from_numpy(np.ascontiguousarray(BUNDLED[source]().x_val, dtype=np.float32))
 
     def make(batch: int) -> dict[str, torch.Tensor]:
         if rows is None:
             return {"x": torch.randn(batch, *shape, generator=generator)}
         return {"x": rows[torch.randint(len(rows), (batch,), generator=generator)]}
 
-    return make, "standard normal" if rows is None else "rows of the digits preset's validation split"
+    preset = source.partition(":")[2]
+    return make, "standard normal" if rows is None else f"rows of the {preset} preset's validation split"
 
 
 def _accuracy(session, x: np.ndarray, y: np.ndarray) -> float:
@@ -75,6 +97,7 @@ def export_uldnet(checkpoint: str | Path, repo: str | Path, name: str | None = N
         "validation": validation,
         "depth": depth.to_dict(),
         "precision": "fp32",
+        "input": input_contract(config),  # also in the ONNX file's metadata_props as veil.input
     }
     served = graph.model
     if quantize == "int8":
@@ -88,6 +111,7 @@ def export_uldnet(checkpoint: str | Path, repo: str | Path, name: str | None = N
         manifest.update(precision="int8", quantization=quant)
     elif quantize is not None:
         raise ExportError(f"--quantize: expected 'int8' or nothing, received {quantize!r}")
+    served.metadata_props.add(key="veil.input", value=json.dumps(manifest["input"], sort_keys=True))
     write_model(repo, name, version, served, [TensorSpec("x", "float32", [-1, *shape])],
                 [TensorSpec("logits", "float32", [-1, len(config["data"]["classes"])])], manifest,
                 max_batch_size=max_batch_size)

@@ -193,3 +193,16 @@ def test_export_records_no_local_source_paths() -> None:
     text = proto.SerializeToString()
     for path in {str(Path(veil.__file__).resolve().parent.parent), str(Path(torch.__file__).resolve().parent)}:
         assert path.encode() not in text
+
+
+def test_export_carries_the_input_contract_to_clients(digits_checkpoint, tmp_path) -> None:
+    """Issue 30 §5: a client reads the input's dtype, shape, scale and normalisation from veil.json (the OIP model
+    metadata's parameters.veil) and from the ONNX file, so raw 0-16 pixels are not sent to a model expecting 0-1."""
+    checkpoint, _ = digits_checkpoint
+    manifest = export_uldnet(checkpoint, tmp_path, name="digits")
+    contract = json.loads((tmp_path / "digits" / "veil.json").read_text())["input"]
+    assert contract == manifest["input"]
+    assert contract["name"] == "x" and contract["dtype"] == "float32" and contract["shape"] == [1, 8, 8]
+    assert "pixel / 16" in contract["scale"] and contract["normalization"] == "none"
+    props = {p.key: p.value for p in onnx.load(str(tmp_path / "digits" / "1" / "model.onnx")).metadata_props}
+    assert json.loads(props["veil.input"]) == contract

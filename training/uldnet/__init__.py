@@ -12,7 +12,15 @@ from veil.config import lazy_exports
 if TYPE_CHECKING:
     from .attention import LinearAttention, MultiHeadAttention, SoftmaxAttention
     from .config import ModelConfig, PolyActConfig, PolyNormConfig, TrainConfig
-    from .data import DataError, Splits, load_cifar, load_data_spec, load_digits_preset, load_image_folder, load_npz
+    from .data import (
+        DataError,
+        Splits,
+        load_cifar,
+        load_data_spec,
+        load_digits_preset,
+        load_image_folder,
+        load_npz,
+    )
     from .depth import DepthReport, multiplicative_depth
     from .models import PolyCNN, PolyMLP, PolyResNet, PolyViT, build_model
     from .photos import load_photos32

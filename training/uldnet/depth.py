@@ -129,11 +129,11 @@ class _Tracer(fx.Tracer):
 
 def multiplicative_depth(model: nn.Module) -> DepthReport:
     """Per-operator and total CKKS levels of ``model`` (see the module docstring for the cost model)."""
-    from .models import ResidualBlock, TransformerBlock  # models never imports depth: no cycle
+    from .models import PreActBlock, ResidualBlock, TransformerBlock  # models never imports depth: no cycle
 
     graph = _Tracer().trace(model)
     modules = dict(model.named_modules())
-    report = DepthReport(block_prefixes=[n for n, m in modules.items() if isinstance(m, (ResidualBlock, TransformerBlock))])
+    report = DepthReport(block_prefixes=[n for n, m in modules.items() if isinstance(m, (PreActBlock, ResidualBlock, TransformerBlock))])
     level: dict[fx.Node, int | None] = {}
     for node in graph.nodes:
         inputs = [level[a] for a in node.all_input_nodes]

@@ -117,11 +117,34 @@ class PolyCNN(nn.Module):
         return self.head(self.stage2(self.pool(self.stage1(self.stem(x)))))
 
 
+class PreActBlock(nn.Module):
+    """Pre-activation residual block (He et al., ECCV 2016): x + conv3x3(act(norm(conv3x3(act(norm(x)))))), the
+    first conv with the stage's stride, the shortcut identity or a strided 1x1 conv. The residual stream stays
+    linear: a post-activation block squares the sum ``y + x`` with PolyAct in every block, and over 9 blocks
+    that grows the activations doubly exponentially (ResNet-20 overflowed to NaN in its first epoch).
+    Polynomial: PolyNorm 3 + PolyAct 1 + conv 1, twice = 10 levels at degree 2."""
+
+    def __init__(self, config: ModelConfig, c_in: int, c_out: int, stride: int = 1) -> None:
+        super().__init__()
+        self.norm1 = make_norm(config, c_in, "channels")
+        self.act1 = make_act(config, c_in, 1)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1)
+        self.norm2 = make_norm(config, c_out, "channels")
+        self.act2 = make_act(config, c_out, 1)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1)
+        self.shortcut = nn.Conv2d(c_in, c_out, 1, stride=stride) if c_in != c_out or stride != 1 else nn.Identity()
+
+    def forward(self, x):  # (B, C_in, H, W) -> (B, C_out, H / stride, W / stride)
+        y = self.conv1(self.act1(self.norm1(x)))
+        return self.shortcut(x) + self.conv2(self.act2(self.norm2(y)))
+
+
 class PolyResNet(nn.Module):
-    """CIFAR-style ResNet (He et al. 2016, §4.2): stem conv3x3 -> 3 stages x n residual blocks at width, 2 width,
-    4 width channels (the 2nd and 3rd start with stride 2) -> global average pool -> Linear. ``width=16,
-    depth=3`` is ResNet-20 (6n + 2 = 20 weighted layers). Per-sample PolyNorm and PolyAct everywhere; the
-    baseline twin has BatchNorm and ReLU at the same places, the same convolutions and the same pooling.
+    """CIFAR-style ResNet (He et al., CVPR 2016, §4.2) with pre-activation blocks: stem conv3x3 -> 3 stages x n
+    blocks at width, 2 width, 4 width channels (the 2nd and 3rd start with stride 2) -> norm -> act -> global
+    average pool -> Linear. ``width=16, depth=3`` is ResNet-20 (6n + 2 = 20 weighted layers). Per-sample
+    PolyNorm and PolyAct everywhere; the baseline twin has BatchNorm and ReLU at the same places and the
+    same convolutions and pooling.
 
     Example:
         >>> cfg = ModelConfig(arch="resnet", input_shape=[3, 32, 32], width=16, depth=3)
@@ -132,15 +155,16 @@ class PolyResNet(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         w = config.width
-        self.stem = make_stem(config.replace(stem_stride=1))
+        self.stem = nn.Conv2d(config.input_shape[0], w, 3, padding=1)
         stages, c_in = [], w
         for i, c_out in enumerate((w, 2 * w, 4 * w)):
-            blocks = [ResidualBlock(config, c_in if j == 0 else c_out, c_out, stride=2 if i and j == 0 else 1)
+            blocks = [PreActBlock(config, c_in if j == 0 else c_out, c_out, stride=2 if i and j == 0 else 1)
                       for j in range(config.depth)]
             stages.append(nn.Sequential(*blocks))
             c_in = c_out
         self.stages = nn.Sequential(*stages)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, config.num_classes))
+        self.head = nn.Sequential(make_norm(config, 4 * w, "channels"), make_act(config, 4 * w, 1),
+                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, config.num_classes))
 
     def forward(self, x):  # (B, C, H, W) -> (B, classes)
         return self.head(self.stages(self.stem(x)))  # stages: (B, w, H, W) -> (B, 4w, H/4, W/4)
