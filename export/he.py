@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from veil.he.compile import compile as he_compile
+from veil.he.cost import MAX_KEY_BYTES
 from veil.he.params import describe
 from veil.he.segments import compile_segmented
 from veil.training.checkpoint import checkpoint_hash
@@ -45,14 +46,16 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 
 def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "latency", version: int = 1,
               precision_bits: int = 20, refresh: bool = False,
-              max_poly_modulus_degree: int | None = None, rotation_keys: str = "exact") -> dict[str, Any]:
+              max_poly_modulus_degree: int | None = None, rotation_keys: str = "exact",
+              max_key_bytes: int = MAX_KEY_BYTES) -> dict[str, Any]:
     """Compile a ULD-Net checkpoint into an HE plan and write it into ``repo``; returns the manifest.
 
     ``rotation_keys`` is the latency plan's key manifest ("exact": fastest, "pow2": fewest keys, "budget:K").
 
     ``refresh`` opts this model into client-refresh rounds when it is deeper than one parameter set
     (off: such a model is refused); ``max_poly_modulus_degree`` (with ``refresh``) also cuts where a
-    segment would need a larger ring.
+    segment would need a larger ring; ``max_key_bytes`` (with ``refresh``) bounds the keys of all segments
+    (the segment search's budget, :mod:`veil.he.cost`).
     """
     if not NAME_PATTERN.match(name):
         raise ExportError(f"--name: expected letters, digits, '_', '.', '-', received {name!r}")
@@ -60,7 +63,7 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
     shape = list(config["model"]["input_shape"])
     graph = export_graph(model, (torch.randn(4, *shape),), ["x"], ["logits"], {"x": {0: "batch"}})
     segmented = compile_segmented(graph.model, mode=mode, precision_bits=precision_bits, refresh=refresh,
-                                  max_poly_modulus_degree=max_poly_modulus_degree,
+                                  max_poly_modulus_degree=max_poly_modulus_degree, max_key_bytes=max_key_bytes,
                                   compiler=functools.partial(he_compile, rotation_keys=rotation_keys))
     plan = segmented.plans[0]
     params = plan.parameters()

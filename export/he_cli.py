@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from veil.he.cost import MAX_KEY_BYTES
+
 from .cli_args import repository_arguments
 
 EXAMPLE = """example:
@@ -35,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "and re-encrypts fresh between them (it learns the activations at the cuts; docs/he.md)")
     parser.add_argument("--max-poly-modulus-degree", type=int, default=None, choices=[4096, 8192, 16384, 32768],
                         help="with --refresh: also cut where a segment would need a larger ring N")
+    parser.add_argument("--max-key-mib", type=int, default=MAX_KEY_BYTES >> 20,
+                        help="with --refresh: the most MiB of evaluation keys (all segments) a cutting may need "
+                             "(default %(default)s)")
     return parser
 
 
@@ -47,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     manifest = export_he(args.checkpoint, args.repo, args.name, args.mode, args.version, args.precision_bits,
                          refresh=args.refresh, max_poly_modulus_degree=args.max_poly_modulus_degree,
-                         rotation_keys=args.rotation_keys)
+                         rotation_keys=args.rotation_keys, max_key_bytes=args.max_key_mib << 20)
     print(json.dumps({k: manifest[k] for k in ("name", "mode", "levels", "parameters", "galois_steps", "plan_hash",
                                                "rounds", "cuts")}
                      | {"sizes_bytes": manifest["describe"]["sizes_bytes"], "segmentation": manifest["segmentation"],

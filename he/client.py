@@ -93,8 +93,12 @@ class HeSession:
         return he
 
     @classmethod
-    def create(cls, url: str, model: str, keyring_path: str | Path, passphrase: str | None = None) -> HeSession:
-        """Generate keys for the model's parameters and key manifest, save them, register the evaluation keys."""
+    def create(cls, url: str, model: str, keyring_path: str | Path, passphrase: str | None = None,
+               progress: bool = True) -> HeSession:
+        """Generate keys for the model's parameters and key manifest, save them, register the evaluation keys.
+
+        With ``progress`` (and ``TQDM_DISABLE`` unset) each key object generated and each upload is reported on
+        stderr: key generation of a deep model takes tens of seconds."""
         url = url.rstrip("/")
         he = cls.model_he(url, model)
         sets: dict[str, tuple[CkksParameters, set[int]]] = {}  # one key set per parameter set, in round order
@@ -104,11 +108,15 @@ class HeSession:
                 raise ServerError(f"model '{model}': params_hash expected {params.hash()}, received {seg['params_hash']}")
             sets.setdefault(seg["params_hash"], (params, set()))[1].update(seg["galois_steps"])
         rings, files = {}, []
+        report = _Progress(progress)
         for j, (params_hash, (params, steps)) in enumerate(sets.items()):
             keyring = SecretKeyring.generate(params, sorted(steps))
             keyring.save(_ring_path(keyring_path, j), passphrase)
-            body, _ = _request(f"{url}/v2/he/keys", keyring.evaluation_keys().to_bytes(),
-                               {"Content-Type": "application/octet-stream"})
+            what = f"key set {j + 1}/{len(sets)} (N={params.poly_modulus_degree}, {len(steps)} rotation steps)"
+            bundle = keyring.evaluation_keys(progress=lambda done, total, what=what: report(
+                f"{what}: generated {done}/{total} key objects")).to_bytes()
+            report(f"{what}: uploading {len(bundle) / 2**20:.1f} MiB")
+            body, _ = _request(f"{url}/v2/he/keys", bundle, {"Content-Type": "application/octet-stream"})
             registered = json.loads(body)
             rings[params_hash] = (registered["key_id"], registered["key_secret"], keyring)
             files.append({"params_hash": params_hash, "key_id": registered["key_id"],
@@ -219,6 +227,22 @@ class HeSession:
             raise ServerError(f"result envelope: round {last} expected final, received an intermediate result")
         batch = opened.meta.get("batch") or len(vectors)
         return self.layout(last).decode_outputs(vectors, int(batch))
+
+
+class _Progress:
+    """One stderr line per step with the seconds since the first (a log-friendly progress report)."""
+
+    def __init__(self, enabled: bool) -> None:
+        import os
+
+        self.enabled = enabled and os.environ.get("TQDM_DISABLE", "") in ("", "0", "false", "False")
+        self.start = time.perf_counter()
+
+    def __call__(self, line: str) -> None:
+        if self.enabled:
+            import sys
+
+            print(f"veil he: {line} ({time.perf_counter() - self.start:.1f} s)", file=sys.stderr, flush=True)
 
 
 def _ring_path(keyring_path: str | Path, j: int) -> Path:

@@ -12,9 +12,12 @@ alive between the nodes before it and the nodes after it (for sequential and res
 blocks). Each segment is extracted as a standalone one-input, one-output ONNX model and compiled with
 the normal :func:`veil.he.compile`, so segments use whatever layout the compiler uses.
 
-Choice of cuts (:func:`compile_segmented`): exact dynamic programming over the candidate cuts, ordered
-by (rounds, cost) with cost = sum over segments of N * (levels + 2) (the ring words of a fresh
-ciphertext, which every homomorphic op and every round's bytes scale with). A segment [c_i, c_j] is
+Choice of cuts (:func:`compile_segmented`): exact dynamic programming over the candidate cuts for the lowest
+:func:`veil.he.cost.objective` (predicted seconds of the segments' key switches and products, each refresh
+round's client work, the keys' one-time generation and upload amortized), among the cuttings whose keys fit
+``max_key_bytes`` (if none does, the one with the fewest key bytes is refused with that figure). So a refresh
+round that lets the next segment run at a smaller ring (ring operations ~8x cheaper, keys ~6x smaller from
+N = 32768 to 16384) is taken when it is cheaper end to end. A segment [c_i, c_j] is
 feasible when it compiles within a 128-bit set; for a fixed start its levels never decrease as the end
 moves later (every op adds >= 0 levels, and the output at c_j costs at most the linear op the longer
 segment pays where that tensor is next used), so the scan from c_i stops at the first infeasible end.
@@ -42,6 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from veil.he.cost import MAX_KEY_BYTES, ROUND_SECONDS, objective, plan_cost
+from veil.he.cost import MODEL as COST_MODEL
 from veil.he.errors import EnvelopeError, HEError, ParameterError
 from veil.he.params import POLY_MODULUS_DEGREES
 from veil.he.plan import Plan
@@ -200,12 +205,6 @@ def extract_segment(model: onnx.ModelProto, start: str, end: str) -> onnx.ModelP
 
 
 # -- the compiler driver ---------------------------------------------------------------------------------------
-def _cost(plan: Plan) -> int:
-    """N * (levels + 2): the ring words of one fresh ciphertext of the segment's parameter set."""
-    params = plan.parameters()
-    return params.poly_modulus_degree * (params.levels + 2)
-
-
 def _too_deep_levels(exc: ParameterError) -> int | None:
     found = re.search(r"needs (\d+) levels", str(exc))
     return int(found.group(1)) if found else None
@@ -213,7 +212,7 @@ def _too_deep_levels(exc: ParameterError) -> int | None:
 
 def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "latency", precision_bits: int = 20,
                       refresh: bool = False, max_poly_modulus_degree: int | None = None,
-                      compiler: Callable[..., Plan] | None = None) -> SegmentedPlan:
+                      compiler: Callable[..., Plan] | None = None, max_key_bytes: int = MAX_KEY_BYTES) -> SegmentedPlan:
     """Compile ``onnx_model`` into one plan, or (``refresh=True``) into the fewest, cheapest segments.
 
     Args:
@@ -223,6 +222,7 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
         max_poly_modulus_degree: with ``refresh``, also cut where a segment would need a larger ring than
             this (a client or server that cannot hold N = 32768 keys); None: any 128-bit set.
         compiler: the compile function (default :func:`veil.he.compile.compile`); tests pass a wrapper.
+        max_key_bytes: with ``refresh``, the most evaluation-key bytes (all segments) a cutting may need.
 
     Returns:
         A :class:`SegmentedPlan`; ``report`` says what was chosen and why.
@@ -257,36 +257,38 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
     candidates = cut_candidates(model)
     model = _with_shapes(model, candidates)
     points = [model.graph.input[0].name, *candidates, model.graph.output[0].name]
-    best = _search(model, points, mode, precision_bits, compiler, cap)
-    plans, ends = best
+    plans, ends, fewest = _search(model, points, mode, precision_bits, compiler, cap, max_key_bytes)
     cuts = [points[j] for j in ends[:-1]]
+    costs = [plan_cost(p) for p in plans]
     segments = [{"index": k, "input": p.spec["inputs"][0]["name"], "output": p.spec["outputs"][0]["name"],
                  "levels": p.levels, "poly_modulus_degree": p.parameters().poly_modulus_degree,
-                 "coeff_mod_bit_sizes": list(p.parameters().coeff_mod_bit_sizes), "cost": _cost(p)}
-                for k, p in enumerate(plans)]
+                 "coeff_mod_bit_sizes": list(p.parameters().coeff_mod_bit_sizes), "cost": c}
+                for k, (p, c) in enumerate(zip(plans, costs, strict=True))]
     report = {
         "rounds": len(plans), "cuts": cuts, "segments": segments, "candidates": candidates,
         "unsegmented_levels": needed, "segment_levels_total": sum(p.levels for p in plans),
-        "cost": sum(_cost(p) for p in plans), "cost_model": "sum over segments of N * (levels + 2)",
-        "max_poly_modulus_degree": cap,
+        "objective_seconds": objective(costs), "predicted_seconds": sum(c["predicted_seconds"] for c in costs),
+        "key_bytes": sum(c["key_bytes"] for c in costs), "max_key_bytes": max_key_bytes, "cost_model": COST_MODEL,
+        "fewest_rounds": fewest, "max_poly_modulus_degree": cap,
         "why": (f"the whole plan needs {needed} levels, more than one 128-bit set within N <= {cap} offers "
-                f"({whole_error}); "
-                f"{len(plans)} rounds is the fewest any cutting at the {len(candidates)} candidate cuts allows, "
-                f"and among those cuttings {cuts} has the lowest cost"),
+                f"({whole_error}); among the cuttings at the {len(candidates)} candidate cuts whose keys fit "
+                f"{max_key_bytes / 2**20:.0f} MiB, {cuts} ({len(plans)} rounds; {fewest} is the fewest possible) "
+                f"has the lowest predicted cost, {objective(costs):.2f} s a request"),
     }
     return SegmentedPlan(plans, cuts, report)
 
 
 def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits: int,
-            compiler: Callable[..., Plan], cap: int) -> tuple[list[Plan], list[int]]:
-    """Exact DP over cut points: the segmentation with the fewest segments, then the lowest total cost."""
+            compiler: Callable[..., Plan], cap: int, max_key_bytes: int) -> tuple[list[Plan], list[int], int]:
+    """Exact DP over cut points for the lowest :func:`veil.he.cost.objective` among cuttings within
+    ``max_key_bytes``; returns the plans, their end points and the fewest rounds any cutting needs."""
     n = len(points) - 1
-    best: dict[int, tuple[int, int, list[Plan], list[int]]] = {0: (0, 0, [], [])}  # point -> rounds, cost, plans, ends
+    segments: dict[tuple[int, int], Plan] = {}  # every feasible segment [i, j], compiled once
     errors: dict[int, str] = {}
+    reachable = {0}
     for i in range(n):
-        if i not in best:
+        if i not in reachable:
             continue
-        rounds, cost, plans, ends = best[i]
         for j in range(i + 1, n + 1):
             try:
                 plan = compiler(extract_segment(model, points[i], points[j]), mode=mode, precision_bits=precision_bits)
@@ -297,15 +299,35 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
                 errors.setdefault(i, f"from {points[i]!r} to {points[j]!r}: {plan.levels} levels need "
                                      f"N={plan.parameters().poly_modulus_degree} > {cap}")
                 break
-            entry = (rounds + 1, cost + _cost(plan), [*plans, plan], [*ends, j])
-            if j not in best or entry[:2] < best[j][:2]:
-                best[j] = entry
-    if n not in best:
-        stuck = max(best)
+            segments[i, j] = plan
+            reachable.add(j)
+    if n not in reachable:
+        stuck = max(reachable)
         raise ParameterError(f"compile_segmented: no segmentation fits 128-bit parameter sets (N <= {cap}); the stretch "
                              f"{errors.get(stuck, '')} is too deep by itself even with a cut at every candidate "
                              f"({points[1:-1]}). Lower precision_bits or the depth between cut points.")
-    return best[n][2], best[n][3]
+    costs = {ij: plan_cost(plan) for ij, plan in segments.items()}
+
+    def cheapest(weight: Callable[[dict[str, Any]], float]) -> list[int]:
+        best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}
+        for (i, j), c in sorted(costs.items()):
+            if i in best and (j not in best or best[i][0] + weight(c) < best[j][0]):
+                best[j] = (best[i][0] + weight(c), [*best[i][1], j])
+        return best[n][1]
+
+    def plans_of(ends: list[int]) -> list[Plan]:
+        return [segments[i, j] for i, j in zip([0, *ends[:-1]], ends, strict=True)]
+
+    fewest = len(cheapest(lambda c: 1.0))
+    ends = cheapest(lambda c: objective([c]) + ROUND_SECONDS)  # objective() of a cutting, summed per segment
+    if sum(costs[ij]["key_bytes"] for ij in zip([0, *ends[:-1]], ends, strict=True)) > max_key_bytes:
+        ends = cheapest(lambda c: c["key_bytes"])
+        need = sum(costs[ij]["key_bytes"] for ij in zip([0, *ends[:-1]], ends, strict=True))
+        if need > max_key_bytes:
+            raise ParameterError(f"compile_segmented: max_key_bytes expected >= {need} (the fewest key bytes any "
+                                 f"cutting needs, {need / 2**20:.0f} MiB), received {max_key_bytes}; raise it "
+                                 f"(`veil export he --max-key-mib`) or lower precision_bits")
+    return plans_of(ends), ends, fewest
 
 
 # -- the server's round book ---------------------------------------------------------------------------------

@@ -101,30 +101,41 @@ def test_segments_each_fit_and_cover_the_levels() -> None:
     assert plan.rounds == 3
 
 
-def test_the_choice_is_the_cheapest_with_the_fewest_rounds() -> None:
-    """Exhaustive check over every cutting at the candidates (few enough here) against the DP's choice."""
+def test_the_choice_is_the_cheapest_by_the_stated_cost_model() -> None:
+    """Exhaustive check over every cutting at the candidates (few enough here) against the DP's choice: the
+    lowest veil.he.cost.objective within the key budget; the report states the model and the fewest rounds."""
     import itertools
+
+    from veil.he.cost import objective, plan_cost
 
     model = exported("mlp")
     points = ["x", *cut_candidates(model), "logits"]
-    cost: dict[tuple[int, int], int | None] = {}
+    cost: dict[tuple[int, int], dict | None] = {}
     for i, j in itertools.combinations(range(len(points)), 2):
         try:
             p = compile(extract_segment(model, points[i], points[j]))
         except ParameterError:
             cost[i, j] = None
             continue
-        n = p.parameters().poly_modulus_degree
-        cost[i, j] = None if n > 8192 else n * (p.levels + 2)
+        cost[i, j] = None if p.parameters().poly_modulus_degree > 8192 else plan_cost(p)
     options = []
     for r in range(len(points) - 1):
         for inner in itertools.combinations(range(1, len(points) - 1), r):
             ends = [0, *inner, len(points) - 1]
             parts = [cost[a, b] for a, b in itertools.pairwise(ends)]
             if None not in parts:
-                options.append((len(parts), sum(parts), [points[k] for k in inner]))
+                options.append((objective(parts), len(parts), sum(c["key_bytes"] for c in parts)))
     plan = compile_segmented(model, refresh=True, max_poly_modulus_degree=8192)
-    assert (plan.rounds, plan.report["cost"]) == min(options)[:2]
+    assert plan.report["objective_seconds"] == pytest.approx(min(options)[0], rel=1e-12)
+    assert plan.report["fewest_rounds"] == min(o[1] for o in options) <= plan.rounds
+    assert "key switches" in plan.report["cost_model"]
+    assert all(s["cost"]["predicted_seconds"] > 0 and s["cost"]["key_bytes"] > 0 for s in plan.report["segments"])
+    # a key budget below every cutting's need is refused with the figure; one that only the leanest meets picks it
+    leanest = min(o[2] for o in options)
+    with pytest.raises(ParameterError, match=r"max_key_bytes expected >= \d+"):
+        compile_segmented(model, refresh=True, max_poly_modulus_degree=8192, max_key_bytes=leanest - 1)
+    lean = compile_segmented(model, refresh=True, max_poly_modulus_degree=8192, max_key_bytes=leanest)
+    assert lean.report["key_bytes"] == leanest
 
 
 def test_save_load_round_trip_checks_every_hash(tmp_path) -> None:
