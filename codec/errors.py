@@ -21,3 +21,7 @@ class ImageError(CodecError):
 
 class ImageTooLarge(ImageError):
     """An image with more pixels (or a longer side) than the codec accepts."""
+
+
+class BudgetExceeded(ImageTooLarge):
+    """An image or stream whose coding would need more memory than the runtime's budget (``max_decode_mb``)."""

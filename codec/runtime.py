@@ -30,12 +30,19 @@ import onnxruntime as ort
 
 from . import bitstream as bs
 from .coder import ONE, cross_entropy_bits, decode_bits, encode_bits, max_coded_bits, quantize_probs
-from .errors import BitstreamError, CodecError
+from .errors import BitstreamError, BudgetExceeded, CodecError
 from .images import MAX_PIXELS, check_size
 from .scales import down, latent_size, scale_sizes, up
 from .tokens import Geometry, codes, prior_inputs
 
 ARTIFACT_FILES = ("codec.json", "encoder.onnx", "decoder.onnx", "prior.onnx")
+# What coding one image costs in memory (issue 31 item 2), measured on the shipped codec with ONNX Runtime 1.x:
+# the prior attends over every cell of the scales up to the one it predicts, so its scores, mask and softmax take
+# ~70-92 bytes per (query, key) pair: quadratic in the cells, which a 22-byte stream declaring 1024 x 1024 turned
+# into 4.8 GB; the decoder (and encoder) graphs take ~760 bytes per padded pixel.
+PRIOR_BYTES_PER_PAIR = 96
+GRAPH_BYTES_PER_PIXEL = 800
+MAX_WORK_MB = 2048.0  # the default budget: images up to about 750 x 750 pixels (the prior's cells dominate)
 
 
 def artifact_hash(folder: str | Path) -> str:
@@ -75,9 +82,12 @@ class CodecRuntime:
         folder: a version folder holding codec.json, encoder.onnx, decoder.onnx and prior.onnx.
         threads: ONNX Runtime threads of the encoder and decoder sessions (the prior always uses one).
         max_pixels: images larger than this are refused.
+        max_work_mb: images and streams whose coding :meth:`work_bytes` estimates above this many MiB are refused
+            before any of it is done (the served model's ``max_decode_mb`` parameter).
     """
 
-    def __init__(self, folder: str | Path, threads: int = 1, max_pixels: int = MAX_PIXELS) -> None:
+    def __init__(self, folder: str | Path, threads: int = 1, max_pixels: int = MAX_PIXELS,
+                 max_work_mb: float = MAX_WORK_MB) -> None:
         self.folder = Path(folder)
         missing = [n for n in ARTIFACT_FILES if not (self.folder / n).is_file()]
         if missing:
@@ -88,10 +98,32 @@ class CodecRuntime:
                             s["n_freq"], s["quant"])
         self.hash = artifact_hash(self.folder)
         self.hash4 = bytes.fromhex(self.hash[:8])
-        self.max_pixels = max_pixels
+        self.max_pixels, self.max_work_mb = max_pixels, max_work_mb
         self.encoder = _session(self.folder / "encoder.onnx", threads, deterministic=False)
         self.decoder = _session(self.folder / "decoder.onnx", threads, deterministic=False)
         self.prior = _session(self.folder / "prior.onnx", 1, deterministic=True)
+
+    # -- budget ---------------------------------------------------------------------------------------
+    def work_bytes(self, height: int, width: int) -> int:
+        """About the peak memory of coding a ``height x width`` image (encode, or decode with every scale the
+        prior completes): the larger of the prior's attention over the cells of all K scales and the graphs'
+        per-pixel cost (they run one after the other)."""
+        h, w = latent_size(height, width, self.geo.stride)
+        cells = sum(hk * wk for hk, wk in scale_sizes(h, w, self.geo.scales))
+        return max(PRIOR_BYTES_PER_PAIR * cells ** 2, GRAPH_BYTES_PER_PIXEL * h * w * self.geo.stride ** 2)
+
+    def check_budget(self, height: int, width: int, field: str = "image size") -> None:
+        """Refuse, before any work, an image whose coding :meth:`work_bytes` puts above ``max_work_mb``.
+
+        Raises:
+            BudgetExceeded: naming ``field``, the size, the estimate and the budget (an ImageTooLarge: 413 when
+            served).
+        """
+        need = self.work_bytes(height, width)
+        if need > self.max_work_mb * 2**20:
+            raise BudgetExceeded(f"{field}: {height}x{width} needs about {need / 2**20:.0f} MiB to code (the prior "
+                                 f"attends over every latent cell), expected at most {self.max_work_mb:g} MiB (the "
+                                 "model's max_decode_mb parameter)")
 
     # -- tokens ---------------------------------------------------------------------------------------
     def latent(self, pixels: np.ndarray) -> np.ndarray:
@@ -128,6 +160,7 @@ class CodecRuntime:
         (at least one)."""
         H, W = pixels.shape[:2]
         check_size(H, W, self.max_pixels)
+        self.check_budget(H, W)
         K = self.geo.K
         if k is not None and not 1 <= k <= K:
             raise CodecError(f"scales: expected k in [1, {K}], received {k}")
@@ -178,6 +211,7 @@ class CodecRuntime:
                 raise BitstreamError("height/width", f"{h.height}x{h.width} needs {claimed} bits at scale {j + 1}, "
                                                      f"more than its {len(chunk)} bytes can carry (at most "
                                                      f"{max_coded_bits(len(chunk))}): corrupt header")
+        self.check_budget(h.height, h.width, "bitstream height/width")  # a valid header: what completing the scales not sent will cost
         return stream
 
     def decode_tokens(self, stream: bs.Bitstream) -> tuple[list[np.ndarray], int, int]:

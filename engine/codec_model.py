@@ -23,7 +23,7 @@ import numpy as np
 from veil.codec import bitstream as bs
 from veil.codec.errors import CodecError, ImageTooLarge
 from veil.codec.images import MAX_PIXELS, load_image, png_bytes
-from veil.codec.runtime import CodecRuntime
+from veil.codec.runtime import MAX_WORK_MB, CodecRuntime
 
 from .errors import (
     DatatypeMismatch,
@@ -53,7 +53,8 @@ class CodecModel:
     """A ``backend: "veil_codec"`` model: one exported codec version folder (codec.json + three ONNX graphs).
 
     Args:
-        config: the model's config.pbtxt; ``parameters { key: "max_pixels" ... }`` and ``intra_op_thread_count``
+        config: the model's config.pbtxt; ``parameters { key: "max_pixels" ... }``, ``max_decode_mb`` (the
+            memory one request's coding may need, estimated before any is done) and ``intra_op_thread_count``
             are honoured.
         version: the version folder number.
         path: the version's ``codec.json``.
@@ -74,8 +75,12 @@ class CodecModel:
         """Open the three ONNX sessions and check the artifact; then ready."""
         try:
             self.max_pixels = int(self.config.parameters.get("max_pixels", MAX_PIXELS))
+            self.max_decode_mb = float(self.config.parameters.get("max_decode_mb", MAX_WORK_MB))
+            if not self.max_decode_mb > 0:
+                raise ValueError(f"parameters max_decode_mb: expected a number of MiB > 0, received {self.max_decode_mb}")
             threads = int(self.config.parameters.get("intra_op_thread_count", 1))
-            self.runtime = CodecRuntime(self.path.parent, threads=threads, max_pixels=self.max_pixels)
+            self.runtime = CodecRuntime(self.path.parent, threads=threads, max_pixels=self.max_pixels,
+                                        max_work_mb=self.max_decode_mb)
         except (OSError, ValueError) as exc:
             raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path.parent}: {exc}") from None
         self.metrics = metrics.for_model(self.name, self.version, "veil_codec", "veil_codec")
@@ -150,6 +155,7 @@ class CodecModel:
                 "parameters": {"codec": {"scales": list(geo.scales), "bits": list(geo.bits), "K": geo.K,
                                          "model_hash": self.runtime.hash, "stream_model_hash": self.runtime.hash4.hex(),
                                          "modes": sorted(bs.MODES), "max_pixels": self.max_pixels,
+                                         "max_decode_mb": self.max_decode_mb,
                                          "format_version": bs.VERSION},
                                "veil": self.manifest}}
 

@@ -101,3 +101,29 @@ def test_truncate_and_parse_refuse_with_the_codec_error(data: bytes, k: int) -> 
     for attempt in (lambda: bs.read(reseal(b"VC\x01" + data + b"\0\0\0\0")), lambda: bs.truncate(data, k)):
         with contextlib.suppress(CodecError):
             attempt()
+
+
+@pytest.fixture(scope="module")
+def budgeted(codec_dir) -> CodecRuntime:
+    """No pixel limit to speak of, a 16 MiB coding budget: the budget alone bounds what a header can make it do."""
+    return CodecRuntime(codec_dir, max_pixels=2 ** 32, max_work_mb=16)
+
+
+@FUZZ
+@given(which=st.sampled_from(["greedy", "sample"]), height=st.integers(0, 65535), width=st.integers(0, 65535),
+       k=st.integers(1, 10), mode=st.integers(0, 2))
+def test_header_sizes_are_checked_against_the_budget_before_decoding(budgeted, streams, which: str, height: int,
+                                                                     width: int, k: int, mode: int) -> None:
+    """Issue 31 item 2: whatever size a header declares, a stream whose coding the runtime estimates above its
+    budget is refused before the prior runs once; one within it decodes or is refused as corrupt."""
+    data = bytearray(streams[which])
+    magic, version, model_hash, _, _, sent, _ = bs._HEAD.unpack_from(data)
+    data[:bs._HEAD.size] = bs._HEAD.pack(magic, version, model_hash, height, width, min(k, sent), mode)
+    calls, real = [], budgeted.probabilities
+    budgeted.probabilities = lambda *args: calls.append(1) or real(*args)
+    try:
+        decodes_or_refuses(budgeted, reseal(data))
+    finally:
+        del budgeted.probabilities
+    if height >= 8 and width >= 8 and budgeted.work_bytes(height, width) > 16 * 2**20:
+        assert calls == []

@@ -8,6 +8,7 @@ after; the bound is several times what one request legitimately needs, and far b
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import grpc
 import pytest
@@ -54,3 +55,49 @@ def test_grpc_failed_requests_are_freed_at_once(served) -> None:
                               "input 'text': shape expected")
     assert grown < 700, f"peak RSS grew {grown:.0f} MiB over 10 refused requests"
 
+
+
+@pytest.fixture
+def codec_served(tmp_path, oip):
+    """The shipped codec as model 'codec', with a 256 MiB coding budget (the max_decode_mb parameter)."""
+    import shutil
+
+    import veil.codec
+
+    shutil.copytree(Path(veil.codec.__file__).parent / "default" / "codec", tmp_path / "codec")
+    config = tmp_path / "codec" / "config.pbtxt"
+    config.write_text(config.read_text() + 'parameters { key: "max_decode_mb" value: { string_value: "256" } }\n')
+    with oip.server_process(tmp_path) as server:
+        yield server
+
+
+def crafted_stream(side: int) -> bytes:
+    """A valid 22-byte k = 1 stream of the shipped codec whose header declares ``side x side`` pixels: the one
+    chunk of a 16 x 16 image carries enough bits for the first scale of any size up to ~1000 x 1000."""
+    import numpy as np
+    import veil.codec
+    from veil.codec import bitstream as bs
+    from veil.codec.runtime import CodecRuntime
+
+    runtime = CodecRuntime(Path(veil.codec.__file__).parent / "default" / "codec" / "1")
+    small = bs.read(runtime.encode(np.full((16, 16, 3), 128, np.uint8), k=1).data)
+    return bs.write(bs.Bitstream(bs.Header(small.header.model_hash, side, side, 1), small.chunks))
+
+
+def test_codec_stream_declaring_a_large_area_is_refused_before_decoding(codec_served, oip) -> None:
+    """Issue 31 item 2: a 22-byte stream declaring 768 x 768 took the server +1.6 GB (the prior's attention is
+    quadratic in the cells it completes; 1024 x 1024 took 4.8 GB); it is now refused (413) against the model's
+    max_decode_mb before any scale is decoded, and the server's peak RSS barely moves."""
+    import httpx
+    import numpy as np
+
+    stream = crafted_stream(768)
+    assert len(stream) == 22
+    body, headers = oip.binary_body([("bitstream", "BYTES", np.array([stream], dtype=object))],
+                                    [("bitstream", True), ("image", True)])
+    before = codec_served.memory_mb()
+    r = httpx.post(f"http://{codec_served.url}/v2/models/codec/infer", content=body, headers=headers, timeout=60)
+    grown = codec_served.memory_mb() - before
+    assert r.status_code == 413, r.text
+    assert "768x768 needs about" in r.json()["error"] and "expected at most 256 MiB (the model's max_decode_mb parameter)" in r.json()["error"]
+    assert grown < 400, f"peak RSS grew {grown:.0f} MiB for one refused 22-byte stream"
