@@ -23,6 +23,7 @@ import asyncio
 import functools
 import hmac
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import orjson
@@ -280,9 +281,17 @@ async def spool_key_upload(request: Request, limit: int, flag: str, spool: Binar
         spool.write(chunk)
 
 
+# key registrations parse in their own threads: HE evaluations (asyncio.to_thread, the default pool of
+# min(32, cores + 4) threads) could otherwise take every thread and hold a registration for their whole run
+_KEY_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="veil-keys")
+
+
 async def register_key_bytes(store: Any, body: bytes, source: str, key_secret: str | None) -> dict[str, Any]:
-    """Register a key bundle (off the event loop: parsing ~100 MiB of keys takes seconds) -> the response body."""
-    reg = await asyncio.to_thread(store.register, body, source=source, key_secret=key_secret)
+    """Register a key bundle (off the event loop: parsing ~100 MiB of keys takes seconds) -> the response body.
+
+    It runs in a pool of its own (``_KEY_POOL``), never behind HE evaluations in the default one."""
+    register = functools.partial(store.register, body, source=source, key_secret=key_secret)
+    reg = await asyncio.get_running_loop().run_in_executor(_KEY_POOL, register)
     return {"key_id": reg.key_id, "key_secret": reg.key_secret, "bytes": reg.size, "ttl_seconds": store.ttl_seconds}
 
 

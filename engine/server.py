@@ -104,8 +104,12 @@ def add_routes(app: FastAPI) -> None:
 
 def build_server(config: ServerConfig) -> uvicorn.Server:
     """A uvicorn server for the app (not started); ``server.run()`` blocks, ``should_exit`` stops it gracefully."""
+    trusted = [a.strip() for a in config.trusted_proxy.split(",") if a.strip()]
+    # X-Forwarded-For is believed only from the proxies the operator names (uvicorn's default believes it from
+    # 127.0.0.1, the default bind: any local client could forge its source and evict another's HE keys)
     return uvicorn.Server(uvicorn.Config(create_app(config), host=config.host, port=config.port,
-                                         log_level=config.log_level,
+                                         log_level=config.log_level, proxy_headers=bool(trusted),
+                                         forwarded_allow_ips=trusted or None,
                                          timeout_graceful_shutdown=int(config.graceful_timeout_s)))
 
 

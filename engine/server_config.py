@@ -4,6 +4,7 @@ them, so ``veil serve --help`` answers at once (issue 24). The server itself is 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -20,6 +21,8 @@ class ServerConfig(Config):
     Args:
         repo (str): the model repository folder (Triton layout).
         host (str): address to bind; keep 127.0.0.1 unless a proxy or firewall fronts the server.
+        trusted_proxy (str): comma-separated addresses whose X-Forwarded-For / X-Forwarded-Proto are believed
+            (empty: none; the peer's own address is the client's, which bounds HE keys per source).
         port (int): TCP port.
         grpc_port (int | None): also serve OIP v2 gRPC on this port (0: a free one; None: off).
         grpc_max_message_mb (float): largest gRPC message received or sent.
@@ -39,6 +42,8 @@ class ServerConfig(Config):
     repo: str = field("", "model repository folder (Triton layout: <model>/config.pbtxt, <model>/<version>/model.onnx)")
     host: str = field("127.0.0.1", "address to bind (keep 127.0.0.1 unless a proxy fronts the server)")
     port: int = field(8000, "TCP port")
+    trusted_proxy: str = field("", "comma-separated proxy addresses (or CIDRs) whose X-Forwarded-For header names the "
+                                   "client; empty: the header is ignored from everyone, 127.0.0.1 included")
     grpc_port: int | None = field(None, "also serve the OIP v2 gRPC API (inference.GRPCInferenceService) on this port "
                                         "(0: a free one; with --ray: on the front replica); off when unset")
     grpc_max_message_mb: float = field(64.0, "largest gRPC message in MiB, received or sent (RESOURCE_EXHAUSTED "
@@ -84,6 +89,12 @@ class ServerConfig(Config):
         if (self.grpc_port is not None and not 0 <= self.grpc_port <= 65535) or self.grpc_max_message_mb <= 0:
             raise ConfigError(f"ServerConfig: expected grpc_port in 0..65535 and grpc_max_message_mb > 0, received "
                               f"{self.grpc_port} and {self.grpc_max_message_mb}")
+        for address in filter(None, (a.strip() for a in self.trusted_proxy.split(","))):
+            try:
+                ipaddress.ip_network(address, strict=False)
+            except ValueError:
+                raise ConfigError(f"ServerConfig.trusted_proxy: expected comma-separated IP addresses or CIDRs, "
+                                  f"received {address!r}") from None
         if self.admin_token == "":
             raise ConfigError("ServerConfig.admin_token: expected a non-empty token or none, received ''")
 

@@ -5,9 +5,13 @@ SHA-256 of the canonical bundle) and a ``key_secret``: a random token only that 
 use or delete the key set (the operator's admin token may delete any). The store refuses anything holding
 a secret key (a veil keyring, a private TenSEAL context), malformed keys and bundles larger than the whole
 quota; it stores only what it parsed (the bundle re-serialized from its parsed fields). Bounds: each source
-(client address) holds at most ``keys_per_source`` key sets, and when the byte quota is full the least
-recently used key sets are evicted, so neither one client nor a flood of them locks others out; keys expire
-``ttl_seconds`` after their last registration. Logs carry key ids and sizes only, never key material.
+(client address) holds at most ``keys_per_source`` key sets (one more is refused: several owners may share an
+address, so a source's bound never evicts anyone's keys), and when the byte quota is full the least recently
+used key sets are evicted, so neither one client nor a flood of them locks others out; keys expire
+``ttl_seconds`` after their last registration. A key set that is deleted, evicted or expired keeps its owner
+record for another ``ttl_seconds``: registering the same keys again meanwhile takes that owner's ``key_secret``,
+so nobody else can claim them (issue 31 item 6). Files are 0600 in a 0700 folder. Logs carry key ids and sizes
+only, never key material.
 
 Example:
     >>> store = KeyStore(Path("/var/lib/veil/keys"), quota_bytes=2**30, ttl_seconds=86400)
@@ -109,7 +113,7 @@ class KeyStore:
                              f"keys_per_source >= 1, received {quota_bytes}, {ttl_seconds}, {memory_items}, "
                              f"{keys_per_source}")
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.quota_bytes, self.ttl_seconds, self.memory_items = quota_bytes, ttl_seconds, memory_items
         self.keys_per_source = keys_per_source
         self._clock = clock
@@ -129,9 +133,16 @@ class KeyStore:
     def _expired(self, path: Path) -> bool:
         return self._clock() - path.stat().st_mtime > self.ttl_seconds
 
-    def _forget(self, path: Path) -> None:
+    def _forget(self, path: Path, keep_owner: bool = True) -> None:
+        """Delete a key set's bundle; its owner record stays (restamped now) for ``ttl_seconds`` unless
+        ``keep_owner`` is False, so that only its owner can register the same keys again meanwhile."""
         path.unlink(missing_ok=True)
-        path.with_suffix(_OWNER).unlink(missing_ok=True)
+        owner = path.with_suffix(_OWNER)
+        if keep_owner and owner.exists():
+            now = self._clock()
+            os.utime(owner, (now, now))
+        else:
+            owner.unlink(missing_ok=True)
         for table in (self._cache, self._owners, self._used):
             table.pop(path.stem, None)
 
@@ -157,15 +168,16 @@ class KeyStore:
             for p in expired:
                 self._forget(p)
                 log.info("he keystore: expired key %s deleted", p.stem)
-            for owner in self.root.glob(f"*{_OWNER}"):
-                if not owner.with_suffix(_SUFFIX).exists():
+            for owner in self.root.glob(f"*{_OWNER}"):  # a former owner's claim lasts one more TTL
+                if not owner.with_suffix(_SUFFIX).exists() and self._expired(owner):
                     owner.unlink(missing_ok=True)
             return len(expired)
 
     def register(self, data: bytes, *, source: str = "local", key_secret: str | None = None) -> Registration:
         """Validate and store evaluation keys; return their key id and, for a new key set, its owner's secret.
 
-        Registering the same keys again restarts their TTL; it takes the owner's ``key_secret``.
+        Registering the same keys again restarts their TTL; it takes the owner's ``key_secret``, also within
+        ``ttl_seconds`` after they were deleted, evicted or expired (the owner record outlives the bundle).
 
         Args:
             data: a veil evaluation-key bundle.
@@ -175,7 +187,9 @@ class KeyStore:
         Raises:
             SecretKeyRefused: the payload holds a secret key.
             QuotaExceeded: the bundle alone is larger than ``quota_bytes``.
-            KeyAccessDenied: the key set is registered already and ``key_secret`` is not its owner's.
+            KeyAccessDenied: the key set is registered already (or was, within ``ttl_seconds``) and ``key_secret``
+                is not its owner's.
+            QuotaExceeded: ``source`` holds ``keys_per_source`` key sets already.
             MalformedKeys, SecurityError, ParameterError: not valid veil evaluation keys.
         """
         if not isinstance(data, (bytes, bytearray)):
@@ -191,14 +205,18 @@ class KeyStore:
         with self._lock:
             self.purge_expired()
             path, now = self._path(key_id), self._clock()
-            secret = None
+            secret, owned = None, path.with_suffix(_OWNER).exists()
             if path.exists():
                 self._authorize(key_id, key_secret)
             else:
+                if owned:  # deleted, evicted or expired recently: its owner's to register again, nobody else's
+                    self._authorize(key_id, key_secret)
                 self._make_room(source, len(canonical))
-                secret = secrets.token_urlsafe(32)
-                write_atomic(path.with_suffix(_OWNER), json.dumps({"secret_sha256": _digest(secret), "source": source}))
-                write_atomic(path, canonical)
+                if not owned:
+                    secret = secrets.token_urlsafe(32)
+                    write_atomic(path.with_suffix(_OWNER), json.dumps({"secret_sha256": _digest(secret),
+                                                                       "source": source}), mode=0o600)
+                write_atomic(path, canonical, mode=0o600)
             os.utime(path, (now, now))
             self._used[key_id] = now
             self._remember(key_id, keys)
@@ -206,13 +224,14 @@ class KeyStore:
         return Registration(key_id, secret, len(canonical))
 
     def _make_room(self, source: str, size: int) -> None:
-        """Evict ``source``'s least recently used key sets down to its bound, then anyone's until ``size`` fits."""
+        """Refuse a source at its bound (several owners may share one address: evicting the source's oldest key
+        set would drop another owner's keys), then evict anyone's least recently used until ``size`` fits."""
         files = sorted(self._files(), key=self._last_used)
-        mine = [p for p in files if (self._owner(p.stem) or {}).get("source") == source]
-        while len(mine) >= self.keys_per_source:
-            victim = mine.pop(0)
-            files.remove(victim)
-            self._evict(victim, f"source {source!r} holds {self.keys_per_source} key sets (--he-keys-per-source)")
+        held = sum((self._owner(p.stem) or {}).get("source") == source for p in files)
+        if held >= self.keys_per_source:
+            raise QuotaExceeded(f"register: expected at most {self.keys_per_source} key sets per source "
+                                f"(--he-keys-per-source), source {source!r} holds {held}; delete one "
+                                "(DELETE /v2/he/keys/<key_id>) or let one expire")
         used = sum(p.stat().st_size for p in files)
         while files and used + size > self.quota_bytes:
             victim = files.pop(0)
@@ -226,7 +245,7 @@ class KeyStore:
     def _authorize(self, key_id: str, key_secret: str | None) -> None:
         owner = self._owner(key_id)
         if owner is None:
-            self._forget(self._path(key_id))
+            self._forget(self._path(key_id), keep_owner=False)
             raise UnknownKey(f"key_id: the evaluation keys under {key_id} had no owner record and were deleted; "
                              "register them again")
         if not isinstance(key_secret, str) or not hmac.compare_digest(_digest(key_secret), owner["secret_sha256"]):

@@ -211,12 +211,40 @@ def test_keys_have_owners_and_sources_are_bounded(app_client, oip) -> None:
     assert app_client.delete(f"/v2/he/keys/{key['key_id']}",
                              headers={"Authorization": f"bearer {key['key_secret']}"}).status_code == 200
     assert _infer(app_client, "tiny-he", he, key, payload).status_code == 404
-    keys = [_register(flooder, "tiny-he", steps=[])[2] for _ in range(3)]  # the third evicts this source's first
-    first = app_client.delete(f"/v2/he/keys/{keys[0]['key_id']}", headers={"Authorization": f"Bearer {oip.token}"})
-    assert first.status_code == 404 and "no evaluation keys" in first.json()["error"]
-    for k in keys[1:]:  # the operator may delete any key set, with a lower-case scheme too (19.6)
+    keys = [_register(flooder, "tiny-he", steps=[])[2] for _ in range(2)]
+    from veil.he.keys import SecretKeyring
+    from veil.he.params import CkksParameters
+
+    third = SecretKeyring.generate(CkksParameters.from_dict(_he(app_client, "tiny-he")["parameters"]), [])
+    r = flooder.post("/v2/he/keys", content=third.evaluation_keys().to_bytes())  # refused, nothing evicted (31.5)
+    assert r.status_code == 413 and "--he-keys-per-source" in r.json()["error"]
+    for k in keys:  # the operator may delete any key set, with a lower-case scheme too (19.6)
         assert app_client.delete(f"/v2/he/keys/{k['key_id']}",
                                  headers={"authorization": f"BEARER {oip.token}"}).status_code == 200
+
+
+def test_forwarded_for_is_believed_only_from_a_trusted_proxy(he_repo, oip, tmp_path) -> None:
+    """Issue 31 item 5: uvicorn believed X-Forwarded-For from 127.0.0.1 (the default bind), so local uploads with
+    forged headers counted as many sources and evicted an idle client's keys. Now the header is ignored unless
+    --trusted-proxy names the peer: three uploads from 127.0.0.1 with three forged sources are one source, whose
+    bound (2) refuses the third."""
+    import httpx
+    from veil.engine.server import build_server
+    from veil.he.keys import SecretKeyring
+    from veil.he.params import CkksParameters
+
+    repo, _ = he_repo
+    config = oip.make_config(repo, he_keys_per_source=2, he_key_dir=str(tmp_path / "keys"))
+    with oip.live_server(config) as (url, _server):
+        params = CkksParameters.from_dict(httpx.get(f"http://{url}/v2/models/tiny-he").json()["parameters"]["he"]
+                                          ["parameters"])
+        statuses = [httpx.post(f"http://{url}/v2/he/keys", content=SecretKeyring.generate(params, []).evaluation_keys()
+                               .to_bytes(), headers={"X-Forwarded-For": f"203.0.113.{i}"}, timeout=60).status_code
+                    for i in range(3)]
+    assert statuses == [200, 200, 413]
+    trusting = build_server(config.replace(trusted_proxy="127.0.0.1, 10.0.0.0/8")).config
+    assert trusting.proxy_headers and trusting.forwarded_allow_ips == ["127.0.0.1", "10.0.0.0/8"]
+    assert not build_server(config).config.proxy_headers
 
 
 def test_bearer_scheme_is_case_insensitive(app_client, oip) -> None:

@@ -101,10 +101,13 @@ def test_ttl_expiry_deletes_files_and_reregistration_renews(tmp_path: Path, key_
     with pytest.raises(ExpiredKey, match=r"expired after 60\.0 s"):
         store.get(old.key_id, old.key_secret)
     assert not (tmp_path / "keys" / f"{old.key_id}.evk").exists()
-    assert not (tmp_path / "keys" / f"{old.key_id}.owner").exists()
+    assert (tmp_path / "keys" / f"{old.key_id}.owner").exists()  # the owner's claim outlives the bundle one TTL
     assert store.get(renewed.key_id, renewed.key_secret).galois_steps == (2,)
     clock.now += 100
     assert store.usage()["keys"] == 0  # purged
+    clock.now += 61
+    store.purge_expired()
+    assert not list((tmp_path / "keys").glob("*.owner"))  # and the owners' claims one TTL later
     assert ExpiredKey.http_status == 410
 
 
@@ -192,21 +195,59 @@ def test_a_key_set_is_usable_and_deletable_by_its_owner_only(tmp_path: Path, key
 
 
 def test_one_source_cannot_fill_the_store(tmp_path: Path, key_bytes: list[bytes]) -> None:
-    # before: 33 anonymous uploads in one second locked every new client out for the 24 h TTL
+    # before: 33 anonymous uploads in one second locked every new client out for the 24 h TTL; since issue 31
+    # item 5 a source at its bound is refused instead of evicting its oldest key set, which may be another owner's
+    # behind the same address (five uploads from the victim's own address evicted its keys)
     clock = Clock()
     store = _store(tmp_path, clock, keys_per_source=2)
     other = store.register(key_bytes[0], source="10.0.0.9")
-    uploads = key_bytes[1:] + [SecretKeyring.generate(PARAMS, [3]).evaluation_keys().to_bytes() for _ in range(2)]
-    flood = []
-    for data in uploads:
+    victim = store.register(key_bytes[1], source="10.0.0.1")
+    clock.now += 1
+    flood = [store.register(key_bytes[2], source="10.0.0.1")]
+    for _ in range(3):
+        with pytest.raises(QuotaExceeded, match=r"at most 2 key sets per source \(--he-keys-per-source\), source "
+                                                r"'10\.0\.0\.1' holds 2"):
+            store.register(SecretKeyring.generate(PARAMS, [3]).evaluation_keys().to_bytes(), source="10.0.0.1")
+    assert store.usage()["keys"] == 3
+    for reg, steps in ((other, (1,)), (victim, (2,)), (flood[0], ())):
+        assert store.get(reg.key_id, reg.key_secret).galois_steps == steps
+    store.delete(flood[0].key_id, flood[0].key_secret)  # one slot freed: the source may register again
+    assert store.register(SecretKeyring.generate(PARAMS, [3]).evaluation_keys().to_bytes(), source="10.0.0.1").key_secret
+
+
+@pytest.mark.parametrize("how", ["deleted", "evicted", "expired", "deleted by the operator"])
+def test_a_former_owners_keys_cannot_be_squatted(tmp_path: Path, key_bytes: list[bytes], how: str) -> None:
+    """Issue 31 item 6: after a key set was deleted, evicted or expired, whoever re-uploaded its public bytes first
+    became its owner and the real owner got 403; the owner record now outlives the bundle for one TTL."""
+    clock = Clock()
+    store = _store(tmp_path, clock, quota_bytes=max(map(len, key_bytes[:2])) + 10, ttl_seconds=60.0)
+    reg = store.register(key_bytes[0], source="10.0.0.1")
+    if how == "deleted":
+        store.delete(reg.key_id, reg.key_secret)
+    elif how == "deleted by the operator":
+        store.delete(reg.key_id, admin=True)
+    elif how == "evicted":
         clock.now += 1
-        flood.append(store.register(data, source="10.0.0.1"))
-    assert store.usage()["keys"] == 3  # the other client's key set + the flooder's 2 most recent
-    assert store.get(other.key_id, other.key_secret).galois_steps == (1,)
-    for evicted in flood[:2]:
-        with pytest.raises(UnknownKey, match="evicted"):
-            store.get(evicted.key_id, evicted.key_secret)
-    assert store.get(flood[-1].key_id, flood[-1].key_secret).galois_steps == (3,)
+        store.register(key_bytes[1], source="10.0.0.2")  # the quota holds one: evicts the owner's
+    else:
+        clock.now += 61
+        store.purge_expired()
+    assert not (tmp_path / "keys" / f"{reg.key_id}.evk").exists()
+    for secret in (None, "guess"):
+        with pytest.raises(KeyAccessDenied, match="key_secret"):
+            store.register(key_bytes[0], source="10.0.0.66", key_secret=secret)
+    back = store.register(key_bytes[0], source="10.0.0.1", key_secret=reg.key_secret)
+    assert back.key_id == reg.key_id and back.key_secret is None  # the owner keeps their secret
+    assert store.get(reg.key_id, reg.key_secret).galois_steps == (1,)
+
+
+def test_key_files_are_private(tmp_path: Path, key_bytes: list[bytes]) -> None:
+    """Issue 31 item 13: bundles and owner records were 0644 (a regression from 0600); the folder is 0700."""
+    store = _store(tmp_path)
+    reg = store.register(key_bytes[0])
+    assert (tmp_path / "keys").stat().st_mode & 0o777 == 0o700
+    for suffix in (".evk", ".owner"):
+        assert (tmp_path / "keys" / f"{reg.key_id}{suffix}").stat().st_mode & 0o777 == 0o600
 
 
 def test_only_the_parsed_bundle_is_stored(tmp_path: Path, rings: list[SecretKeyring]) -> None:
