@@ -43,6 +43,7 @@ from .errors import MalformedRequest
 from .http import _json, _plane, read_body
 
 log = logging.getLogger("veil.engine.recommend")
+MAX_DEPTH = 32  # nesting of a spec's JSON (its identity is a flat object of a few settings)
 MAX_JSON_BYTES = 8 * 2**20  # a plaintext request: a spec of up to ~1.5 M floats in base64
 MAX_PRIVATE_CIPHERTEXTS = 16  # a private query: up to 16 x 4096 = 65536 dimensions
 _FIELDS = ("spec", "top_k")
@@ -114,6 +115,7 @@ def parse_request(body: bytes) -> tuple[PaveVector, int | None]:
     top_k = data.get("top_k")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise MalformedRequest(f"top_k: expected an int >= 1, received {str(top_k)[:40]}")
+    check_depth(data["spec"], "spec")
     try:
         spec = PaveVector.from_dict(data["spec"], "spec")
     except SpecFormatError as exc:
@@ -123,12 +125,30 @@ def parse_request(body: bytes) -> tuple[PaveVector, int | None]:
     return spec, top_k
 
 
+def check_depth(value: Any, where: str, limit: int = MAX_DEPTH) -> None:
+    """Refuse JSON nested deeper than ``limit`` (walked with a stack, not recursion): comparing, hashing or
+    printing a spec recurses, and ~990 levels of ``identity`` answered 500 RecursionError (issue 31 item 8).
+
+    Raises:
+        MalformedRequest: naming ``where``, the limit and that the value is deeper (400).
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                raise MalformedRequest(f"{where}: expected JSON nested at most {limit} levels deep, received "
+                                       "deeper nesting")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+
+
 def comparable(identity: dict[str, Any], dim: int | None, specs: dict[str, PaveVector]) -> dict[str, PaveVector]:
     """The specs sharing ``identity``; none -> 400 naming what differs from the first model's identity.
 
     Raises:
         MalformedRequest: the repository has no spec, or none of the user's identity.
     """
+    check_depth(identity, "spec.identity")
     if not specs:
         raise MalformedRequest("POST /v2/recommend: no loaded model of this repository has a PAVE spec "
                                "(export with `veil export ... --spec`)")

@@ -167,3 +167,34 @@ def test_private_client_needs_no_torch() -> None:
             "if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def _nested(depth: int, leaf: object = 1) -> str:
+    return '{"a":' * depth + json.dumps(leaf) + "}" * depth
+
+
+@pytest.mark.parametrize("depth", [33, 990, 5000])
+def test_deeply_nested_identity_is_400_at_parse_time(client: TestClient, depth: int) -> None:
+    """Issue 31 item 8: an identity nested ~990 deep answered 500 RecursionError; nesting is bounded (32) at parse
+    time, before the spec is hashed or compared (orjson itself refuses beyond 1024 levels, also 400)."""
+    spec = json.dumps({**_SPEC, "identity": {**IDENT, "x": "HOLE"}}).replace('"HOLE"', _nested(depth))
+    r = client.post("/v2/recommend", content=f'{{"spec": {spec}}}'.encode(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "nested at most 32 levels deep" in r.json()["error"] or "invalid JSON" in r.json()["error"]
+    if depth < 1024:
+        assert r.json()["error"].startswith("spec: expected JSON nested at most 32 levels deep")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from([*sorted(_SPEC), "identity.x"]), depth=st.integers(1, 1100), leaf=_JSON,
+       wrap=st.sampled_from(["object", "list"]))
+def test_fuzz_spec_parser_with_deep_nesting(field: str, depth: int, leaf: object, wrap: str) -> None:
+    """The recommend spec parser: any field (or an extra identity setting) nested to any depth is a spec or
+    MalformedRequest, never another exception (RecursionError was a 500)."""
+    nested = (_nested(depth, leaf) if wrap == "object" else "[" * depth + json.dumps(leaf) + "]" * depth)
+    spec = {**_SPEC, "identity": {**IDENT, "x": "HOLE"}} if field == "identity.x" else {**_SPEC, field: "HOLE"}
+    body = json.dumps({"spec": spec}).replace('"HOLE"', nested).encode()
+    try:
+        parse_request(body)
+    except MalformedRequest as exc:
+        assert str(exc)
