@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,7 @@ def parse_config(text: str, folder_name: str) -> ModelConfig:
         if "key" not in p:
             raise ValueError(f"parameters[{i}].key: expected a string, received nothing")
         config.parameters[p["key"]] = p.get("value", {}).get("string_value", "")
+    _check_threads(config)
     level = raw.get("optimization", {}).get("graph", {}).get("level")
     config.graph_level = level
     if "version_policy" in raw:
@@ -227,6 +229,32 @@ def parse_config(text: str, folder_name: str) -> ModelConfig:
         logger.warning("model '%s': config.pbtxt sets %s, valid in Triton but not implemented by veil: ignored",
                        name, ", ".join(new))
     return config
+
+
+def machine_threads() -> int:
+    """The most threads (or instances) one model may ask for: 4 per CPU this process may use, at least 4.
+
+    ``intra_op_thread_count "100000"`` or ``instance_group { count: 100000 }`` was accepted: the server never
+    became ready and grew ~60 MB/s (issue 31 item 10)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(4, 4 * cpus)
+
+
+def _check_threads(config: ModelConfig) -> None:
+    """``instance_group.count`` and the ``intra_op_thread_count`` / ``inter_op_thread_count`` parameters within
+    :func:`machine_threads` (the thread counts also 0: ONNX Runtime's default)."""
+    limit = machine_threads()
+    if config.instance_count > limit:
+        raise ValueError(f"instance_group.count: expected at most {limit} instances in all (4 per CPU of this "
+                         f"machine), received {config.instance_count}")
+    for key in ("intra_op_thread_count", "inter_op_thread_count"):
+        value = config.parameters.get(key)
+        if value is None:
+            continue
+        text = value.strip()
+        if not (text.isascii() and text.isdigit()) or int(text) > limit:
+            raise ValueError(f"parameters {key}: expected an integer in [0, {limit}] (0: ONNX Runtime's default; "
+                             f"at most 4 per CPU of this machine), received {value[:40]!r}")
 
 
 def _instance_groups(groups: list[dict[str, Any]], config: ModelConfig) -> None:

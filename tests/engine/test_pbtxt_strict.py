@@ -170,3 +170,39 @@ def test_parser_refuses_with_its_own_error_only(text: str) -> None:
     """Bad escapes and deep nesting were SyntaxError / RecursionError; now every refusal is a PbtxtError."""
     with pytest.raises(PbtxtError):
         parse_model_config(text)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ('parameters { key: "intra_op_thread_count" value: { string_value: "100000" } }',
+     "parameters intra_op_thread_count: expected an integer in [0, {limit}]"),
+    ('parameters { key: "inter_op_thread_count" value: { string_value: "-1" } }',
+     "parameters inter_op_thread_count: expected an integer in [0, {limit}]"),
+    ('parameters { key: "intra_op_thread_count" value: { string_value: "x" } }', "received 'x'"),
+    ("instance_group [ { count: 100000 kind: KIND_CPU } ]", "instance_group.count: expected at most {limit} instances"),
+    ("instance_group [ { count: {half} }, { count: {half} } ]", "received {total}"),
+])
+def test_thread_and_instance_counts_are_bounded_by_the_machine(text: str, needle: str) -> None:
+    """Issue 31 item 10: intra_op_thread_count "100000" or instance_group count 100000 was accepted and the server
+    never became ready (growing ~60 MB/s); now parsing the config refuses it, before any session exists."""
+    from veil.engine.repository import machine_threads
+
+    limit = machine_threads()
+    half = limit // 2 + 1
+    text = text.replace("{half}", str(half))
+    with pytest.raises(ValueError) as info:
+        parse_config(text, "m")
+    assert needle.format(limit=limit, total=2 * half) in str(info.value)
+    assert parse_config(f'parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{limit}" }} }}',
+                        "m").parameters["intra_op_thread_count"] == str(limit)
+
+
+def test_a_model_asking_for_too_many_threads_fails_to_load_naming_the_field(tmp_path) -> None:
+    from veil.engine.dataplane import DataPlane
+    from veil.engine.metrics import Metrics
+    from veil.engine.runtime import RuntimeOptions
+
+    write_repository(tmp_path, {"m": affine_model()})
+    config = tmp_path / "m" / "config.pbtxt"
+    config.write_text(config.read_text() + 'parameters { key: "intra_op_thread_count" value: { string_value: "100000" } }\n')
+    with pytest.raises(ModelLoadFailed, match=r"model 'm': .*parameters intra_op_thread_count: expected an integer"):
+        DataPlane(tmp_path, RuntimeOptions(), Metrics()).load_all()
