@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from veil.config import sweep_stale
 
 from .adapters import select_adapter
-from .errors import ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
+from .errors import MalformedRequest, ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
 from .metrics import Metrics
 from .models import OnnxModel
 
@@ -172,6 +172,20 @@ class DataPlane:
             if not versions and not ready_only:
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": self.unavailable.get(name, "unloaded")})
         return [r for r in rows if r["state"] == "READY"] if ready_only else rows
+
+    @staticmethod
+    def check_load_parameters(parameters: dict[str, Any]) -> None:
+        """A repository load request's ``parameters``: veil loads ``config.pbtxt`` and the version folders from
+        the repository, so a ``config`` override or ``file:`` contents (Triton applies them) are refused rather
+        than answered OK and ignored (issue 31 item 17).
+
+        Raises:
+            MalformedRequest: naming the parameters received (400 / INVALID_ARGUMENT).
+        """
+        if parameters:
+            raise MalformedRequest(f"load parameters: expected none (veil loads config.pbtxt and the model files "
+                                   f"from the repository; edit them there, then load), received "
+                                   f"{sorted(str(k)[:40] for k in parameters)[:8]}")
 
     async def load(self, name: str) -> None:
         """(Re)load a model from disk; the old versions keep serving until the new ones are ready.

@@ -240,6 +240,7 @@ class InferenceService:
 
     async def RepositoryModelLoad(self, request: Any, context: aio.ServicerContext) -> Any:
         self._check_admin(context)
+        self.plane.check_load_parameters(dict(request.parameters))
         await self.plane.load(request.model_name)
         return msg.RepositoryModelLoadResponse()
 

@@ -233,7 +233,11 @@ async def repository_index(request: Request) -> Response:
 
 async def repository_load(request: Request, model: str) -> Response:
     _check_admin(request)
-    await _json_body(request)
+    body = await _json_body(request)
+    params = body.get("parameters", {})
+    if not isinstance(params, dict):
+        raise MalformedRequest(f"parameters: expected a JSON object, received {type(params).__name__}")
+    DataPlane.check_load_parameters(params)
     await _plane(request).load(model)
     return _json({})
 

@@ -27,6 +27,7 @@ from grpc import aio
 from veil import __version__
 
 from . import proto
+from .dataplane import DataPlane
 from .errors import ModelNotFound
 from .grpc_server import EXTENSIONS, check_admin
 from .ray_serve import replica_answer
@@ -99,6 +100,7 @@ class RayInferenceService:
 
     async def RepositoryModelLoad(self, request: Any, context: aio.ServicerContext) -> Any:
         check_admin(self.front.config.admin_token, context)
+        DataPlane.check_load_parameters(dict(request.parameters))
         await self.front.load_model(request.model_name)
         return msg.RepositoryModelLoadResponse()
 

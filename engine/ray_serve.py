@@ -62,6 +62,7 @@ from veil import __version__
 from veil.config import Config, ConfigError, field
 
 from . import proto
+from .dataplane import DataPlane
 from .errors import (
     EngineError,
     ModelNotFound,
@@ -72,7 +73,14 @@ from .errors import (
     grpc_code,
     http_status,
 )
-from .http import EXTENSIONS, bearer_token, key_upload_bounds, register_key_bytes, spool_key_upload
+from .http import (
+    EXTENSIONS,
+    _json_body,
+    bearer_token,
+    key_upload_bounds,
+    register_key_bytes,
+    spool_key_upload,
+)
 from .repository import check_model_name, index, read_model
 from .server import ServerConfig, create_app
 
@@ -535,6 +543,9 @@ class VeilFront(_Board):
 
     async def repository_load(self, request: Request, model: str) -> Response:
         self._check_admin(request)
+        body = await _json_body(request)
+        params = body.get("parameters", {})
+        DataPlane.check_load_parameters(params if isinstance(params, dict) else {"parameters": params})
         await self.load_model(model)
         return _json({})
 

@@ -183,6 +183,20 @@ def test_repository_rpcs_behind_the_admin_token(live, oip) -> None:
     assert client.is_model_ready("dtypes")
 
 
+def test_load_with_a_config_override_is_refused_on_both_fronts(live, oip) -> None:
+    """Issue 31 item 17: load_model(config=...) answered OK and ignored the override, over HTTP and gRPC (Triton
+    applies it or refuses); now both fronts refuse it naming the parameter, and the model keeps serving."""
+    override = '{"max_batch_size": 2}'
+    auth = {"authorization": f"Bearer {oip.token}"}
+    for client in (tgrpc.InferenceServerClient(live[1]), thttp.InferenceServerClient(live[0])):
+        with pytest.raises(InferenceServerException, match=r"load parameters: expected none .* received \['config'\]"):
+            client.load_model("affine", headers=auth, config=override)
+        with pytest.raises(InferenceServerException, match=r"received \['config', 'file:1/model.onnx'\]"):
+            client.load_model("affine", headers=auth, config=override, files={"file:1/model.onnx": b"x"})
+        assert client.is_model_ready("affine")
+    client.load_model("affine", headers=auth)  # without an override: reloaded from the repository
+
+
 def test_repository_rpcs_off_without_a_token_and_code_table() -> None:
     """Without --admin-token the repository RPCs are off (PERMISSION_DENIED); a full queue is UNAVAILABLE."""
     from veil.engine.grpc_server import InferenceService
