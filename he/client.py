@@ -48,6 +48,10 @@ def _request(url: str, body: bytes | None = None, headers: dict[str, str] | None
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
         raise ServerError(f"{url}: HTTP {exc.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:  # no server there: one line, not 65 of urllib (issue 31)
+        reason = getattr(exc, "reason", exc)
+        raise ServerError(f"{url}: expected a veil server answering there, received no answer ({reason}); start "
+                          "it with `veil serve` or check --server") from None
 
 
 @dataclass
@@ -123,9 +127,9 @@ class HeSession:
                           "key_secret": registered["key_secret"]})
         key_id, key_secret, keyring = next(iter(rings.values()))
         session = cls(url, model, key_id, keyring, he, key_secret, rings)
-        write_atomic(Path(f"{keyring_path}.json"), json.dumps(
+        write_atomic(Path(f"{keyring_path}.json"), json.dumps(  # holds the bearer key_secrets: never 0644
             {"url": url, "model": model, "key_id": key_id, "key_secret": key_secret, "he": he, "key_sets": files},
-            indent=1))
+            indent=1), mode=0o600)
         return session
 
     @classmethod

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -345,10 +346,16 @@ class SecretKeyring:
         anyone who can read the file can decrypt everything encrypted under it. The secret key is
         serialized in memory (:mod:`veil.he.serialize`); only the finished file reaches the disk.
 
+        Without a passphrase a :class:`CleartextKeyringWarning` is issued.
+
         Raises:
             KeyringError: an empty passphrase (pass None to store the key in the clear, knowingly).
         """
         _check_passphrase(passphrase, "save")
+        if passphrase is None:
+            warnings.warn(f"keyring {os.fspath(path)}: saved without a passphrase, so the secret key is on disk in the "
+                          "clear (mode 0600); pass a passphrase (veil he keygen --passphrase-env VAR) to encrypt it",
+                          CleartextKeyringWarning, stacklevel=2)
         secret = seal_to_bytes(self._secret_key, secret=True)
         header: dict[str, Any] = {"params": self.params.to_dict(), "galois_steps": list(self.galois_steps),
                                   "protection": "none"}
@@ -363,7 +370,8 @@ class SecretKeyring:
         """Read a keyring written by :meth:`save`.
 
         Raises:
-            KeyringError: malformed file, scrypt settings out of bounds, missing, empty or wrong passphrase.
+            KeyringError: malformed file (its parameters or galois_steps included), scrypt settings out of bounds,
+                missing, empty or wrong passphrase.
         """
         _check_passphrase(passphrase, "load")
         _, header, secret = unpack(Path(path).read_bytes(), KEYRING_MAGIC, (FORMAT_VERSION,), KeyringError, "keyring")
@@ -391,7 +399,14 @@ class SecretKeyring:
             secret_key = seal_from_bytes(sa.SecretKey(), params.seal_context(), secret, secret=True)
         except Exception as exc:  # SEAL raises RuntimeError/ValueError subclasses for bad input
             raise KeyringError(f"keyring {path}: secret key does not load ({type(exc).__name__}: {exc})") from None
-        return cls(params, secret_key, header.get("galois_steps", []))
+        try:
+            return cls(params, secret_key, header.get("galois_steps", []))
+        except ParameterError as exc:  # a keyring file's fields are its format's: say so (issue 31 item 14)
+            raise KeyringError(f"keyring {path}: {exc}") from None
+
+
+class CleartextKeyringWarning(UserWarning):
+    """A keyring was saved without a passphrase: its secret key is on disk in the clear (mode 0600)."""
 
 
 def _parameters(data: Any, error: type[HEError], what: str) -> CkksParameters:
