@@ -38,6 +38,8 @@ def parse_jsonl(text: str) -> Items:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"line {number}", "a JSON object", f"{line[:60]!r} ({exc.msg})") from exc
+        except RecursionError:
+            raise InputError(f"line {number}", "a JSON object", "JSON nested too deep to parse") from None
         if not isinstance(record, dict):
             raise InputError(f"line {number}", "a JSON object", type(record).__name__)
         here = "x" if "x" in record else "text" if "text" in record else None
@@ -73,8 +75,12 @@ def parse_jsonl(text: str) -> Items:
 
 def load_jsonl(path: str | Path) -> Items:
     """:func:`parse_jsonl` of a UTF-8 file."""
+    if Path(path).is_dir():  # IsADirectoryError was a raw traceback (issue 31 item 16)
+        raise InputError("data", "a UTF-8 JSONL file", f"the directory {path!s}")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InputError("data", "a UTF-8 JSONL file", str(path)) from exc
+    except PermissionError as exc:
+        raise InputError("data", "a readable UTF-8 JSONL file", f"{path}: {exc.strerror}") from None
     return parse_jsonl(text)

@@ -41,6 +41,8 @@ def parse_payoff(data: bytes, suffix: str) -> np.ndarray:
                 raise InputError("payoff", "numbers only", "a non-number entry")
     except InputError:
         raise
+    except RecursionError:  # json.loads of ~100 k nested lists (issue 31 item 16): one line, not a traceback
+        raise InputError("payoff", "a JSON list of rows (lists of numbers)", "JSON nested too deep to parse") from None
     except (ValueError, UnicodeDecodeError, EOFError, OSError) as exc:
         raise InputError("payoff", f"a readable {suffix} file", f"{type(exc).__name__}: {str(exc)[:120]}") from exc
     if isinstance(value, np.ndarray) and value.dtype.kind not in "biuf":
@@ -51,4 +53,10 @@ def parse_payoff(data: bytes, suffix: str) -> np.ndarray:
 def load_payoff(path: str | Path) -> np.ndarray:
     """:func:`parse_payoff` of a file (the suffix says the format)."""
     path = Path(path)
-    return parse_payoff(path.read_bytes(), path.suffix.lower())
+    if path.is_dir():
+        raise InputError("payoff file", "a file", f"the directory {path!s}")
+    try:
+        data = path.read_bytes()
+    except PermissionError as exc:
+        raise InputError("payoff file", "a readable file", f"{path}: {exc.strerror}") from None
+    return parse_payoff(data, path.suffix.lower())

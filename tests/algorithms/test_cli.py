@@ -72,3 +72,21 @@ def test_veil_games_cfr_on_kuhn_poker(capsys) -> None:
     assert main(["games", "cfr", "kuhn_poker", "--iterations", "30"]) == 0
     run = json.loads(capsys.readouterr().out)
     assert run["exploitability"][-1] < 0.2 * run["exploitability"][0]
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["games", "solve", "{deep}"], "payoff: expected a JSON list of rows (lists of numbers), received 'JSON nested too deep"),
+    (["games", "solve", "{dir}"], "payoff file: expected a file, received 'the directory"),
+    (["cluster", "--data", "{dir}", "--k", "2"], "data: expected a UTF-8 JSONL file, received 'the directory"),
+    (["cluster", "--data", "{deepl}", "--k", "2"], "line 1: expected a JSON object"),
+])
+def test_hostile_inputs_are_one_line_errors(tmp_path, capsys, argv: list[str], needle: str) -> None:
+    """Issue 31 item 16: 100 k-deep nested JSON for `veil games solve` and a directory for `veil cluster --data`
+    were raw tracebacks; now one line on stderr, exit 2."""
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (tmp_path / "folder.json").mkdir()
+    paths = {"{deep}": tmp_path / "deep.json", "{dir}": tmp_path / "folder.json", "{deepl}": tmp_path / "deep.jsonl"}
+    assert main([str(paths.get(a, a)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and needle in err, err
