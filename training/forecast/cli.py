@@ -34,6 +34,9 @@ def build_parser(prog: str = "veil train forecast") -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None, help="checkpoint folder (default: runs/forecast-<fit>)")
     parser.add_argument("--roots-png", type=Path, default=None, help="also plot the characteristic roots here")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--max-memory-gb", type=float, default=None,
+                        help="refuse a fit estimated to need more memory than this, before building any array "
+                             "(default: half the machine's memory)")
     ForecastModelConfig.add_arguments(parser)
     ForecastFitConfig.add_arguments(parser)
     ForecastDataConfig.add_arguments(parser)
@@ -53,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         series = load_bundled(args.data.partition(":")[2])
     else:
         series = load_csv(args.data, args.date_column, args.columns)
-    result = train_forecaster(series, model, fit_config, data, progress=not args.no_progress)
+    if args.max_memory_gb is not None and not args.max_memory_gb > 0:
+        raise ValueError(f"--max-memory-gb: expected a number of GiB > 0, received {args.max_memory_gb}")
+    limit = None if args.max_memory_gb is None else int(args.max_memory_gb * 2**30)
+    result = train_forecaster(series, model, fit_config, data, progress=not args.no_progress, max_memory_bytes=limit)
     out = args.out or Path("runs") / f"forecast-{fit_config.fit}"
     save_forecaster(result, out)
     if args.roots_png:

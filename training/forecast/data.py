@@ -94,6 +94,12 @@ def load_csv(path: str | Path, date_column: str | None = None, channels: list[st
     if len(rows) < 2:
         raise ValueError(f"{path}: expected a header row and at least one data row, received {len(rows)} rows")
     header, body = [h.strip() for h in rows[0]], rows[1:]
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:  # the first column of a repeated name was used for both (issue 31 item 15)
+        raise ValueError(f"{path}: header expected distinct column names, received {repeated} more than once "
+                         "(rename them)")
+    if channels is not None and len(set(channels)) != len(channels):
+        raise ValueError(f"--columns: expected distinct channel names, received {channels}")
     if date_column is None:
         named = [h for h in header if h.lower() in DATE_NAMES]
         date_column = named[0] if named else (header[0] if not _numeric(body[0][0]) else None)

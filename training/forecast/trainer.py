@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from .config import ForecastDataConfig, ForecastFitConfig, ForecastModelConfig
-from .data import Series, Splits, make_splits
+from .data import Series, Splits, make_splits, split_ranges
 from .diagnostics import per_horizon_error, summary
-from .linear import LinearForecaster, fit_closed_form
+from .linear import LinearForecaster, fit_closed_form, group_dims
 
 KIND = "forecast"
 
@@ -69,10 +69,60 @@ def evaluate(forecaster: LinearForecaster, splits: Splits) -> dict[str, Any]:
     return out | summary(forecaster)
 
 
+def fit_memory_bytes(steps: int, n_channels: int, model: ForecastModelConfig, fit_config: ForecastFitConfig,
+                     data: ForecastDataConfig) -> int:
+    """About the peak memory of fitting (float64): the train and validation windows as design matrices (the
+    instance-normalised copy and the group layout), one group's least-squares copies and the solver's
+    D_in x (D_in + D_out) workspace, and for RRR the fitted values and their SVD."""
+    window = model.lookback + model.horizon
+    ranges = split_ranges(steps, model.lookback, data.split, data.context)
+    count = {n: max(0, (end - start - window) // data.stride + 1) for n, (start, end) in ranges.items()}
+    _, d_in, d_out = group_dims(model, n_channels)
+    rows = count["train"] * (n_channels if model.channels == "shared" else 1)  # design rows of one group
+    values = 2 * (count["train"] + count["val"]) * window * n_channels
+    values += 2 * rows * (d_in + d_out) + 3 * d_in * (d_in + d_out)
+    if fit_config.fit == "rrr":
+        values += 3 * rows * d_out
+    return int(1.3 * 8 * values)  # measured peaks were 0.6-1.0x this (shared, individual, mixed; OLS, RRR, DWRR)
+
+
+def check_fit_memory(steps: int, n_channels: int, model: ForecastModelConfig, fit_config: ForecastFitConfig,
+                     data: ForecastDataConfig, limit_bytes: int) -> None:
+    """Refuse, before any array is built, a fit :func:`fit_memory_bytes` puts above ``limit_bytes`` (issue 31 item
+    9: 5000 mixed channels allocated 12.5 GB before a traceback; lookback 4000 on 200 k rows grew to 15 GB).
+
+    Raises:
+        ValueError: naming the estimate, the sizes it comes from and the flags to change.
+    """
+    need = fit_memory_bytes(steps, n_channels, model, fit_config, data)
+    if need > limit_bytes:
+        _, d_in, d_out = group_dims(model, n_channels)
+        raise ValueError(f"veil train forecast: fitting needs about {need / 2**30:.1f} GiB ({steps} rows x "
+                         f"{n_channels} channels, --lookback {model.lookback} --horizon {model.horizon}, --channels "
+                         f"{model.channels}: a {d_in} x {d_out} weight per group), expected at most "
+                         f"{limit_bytes / 2**30:.1f} GiB (--max-memory-gb); lower --lookback, use --channels shared, "
+                         "fewer --columns or rows, a larger --stride, or raise --max-memory-gb")
+
+
+def default_memory_bytes() -> int:
+    """Half the machine's physical memory (the default of ``--max-memory-gb``)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
 def train_forecaster(series: Series, model: ForecastModelConfig, fit_config: ForecastFitConfig,
-                     data: ForecastDataConfig | None = None, progress: bool = False) -> ForecastResult:
-    """Split, standardise, window, fit and evaluate: everything `veil train forecast` does before saving."""
+                     data: ForecastDataConfig | None = None, progress: bool = False,
+                     max_memory_bytes: int | None = None) -> ForecastResult:
+    """Split, standardise, window, fit and evaluate: everything `veil train forecast` does before saving.
+
+    ``max_memory_bytes`` (default: half the machine's memory) bounds :func:`fit_memory_bytes`, checked first."""
     data = data or ForecastDataConfig()
+    check_fit_memory(len(series.values), len(series.channels), model, fit_config, data,
+                     default_memory_bytes() if max_memory_bytes is None else max_memory_bytes)
     splits = make_splits(series, model.lookback, model.horizon, data)
     forecaster = fit(splits, model, fit_config, progress)
     info = {"name": series.name, "channels": series.channels, "steps": len(series.values), "ranges": splits.ranges}
