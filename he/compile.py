@@ -146,6 +146,18 @@ def finish(builder: Builder, source: dict[str, Any], target: dict[str, Any], mod
     return Plan(spec, packed["tensors"])
 
 
+def with_key_manifest(plan: Plan, rotation_keys: str) -> Plan:
+    """The same latency plan under another key manifest: layout, weights and levels do not depend on it, only
+    which Galois keys exist and how many key switches each rotation takes (throughput plans have none)."""
+    if plan.mode != "latency" or plan.spec["rotation_keys"] == rotation_keys:
+        return plan
+    slots = plan.parameters().slots
+    steps = key_manifest(rotation_uses(plan.ops), rotation_keys, slots)
+    spec = {**plan.spec, "rotation_keys": rotation_keys, "galois_steps": steps,
+            "rotations": rotation_counts(plan.ops, steps, slots)}
+    return Plan(spec, plan.tensors)
+
+
 def _level_summary(builder: Builder) -> str:
     per_node: dict[str, int] = {}
     for op in builder.ops:

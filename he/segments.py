@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     import onnx
 
 FORMAT = "veil.he.segments/1"
+# key manifests the segment search may switch a segment to when the keys exceed the budget (fewer keys, more switches)
+LEANER_MANIFESTS = ("budget:32", "budget:16", "budget:8", "pow2")
 JSON_NAME = "segments.json"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 
@@ -306,28 +308,48 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
         raise ParameterError(f"compile_segmented: no segmentation fits 128-bit parameter sets (N <= {cap}); the stretch "
                              f"{errors.get(stuck, '')} is too deep by itself even with a cut at every candidate "
                              f"({points[1:-1]}). Lower precision_bits or the depth between cut points.")
-    costs = {ij: plan_cost(plan) for ij, plan in segments.items()}
+    from veil.he.compile import with_key_manifest
 
-    def cheapest(weight: Callable[[dict[str, Any]], float]) -> list[int]:
-        best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}
-        for (i, j), c in sorted(costs.items()):
-            if i in best and (j not in best or best[i][0] + weight(c) < best[j][0]):
-                best[j] = (best[i][0] + weight(c), [*best[i][1], j])
-        return best[n][1]
+    # each segment as compiled, and under leaner key manifests the search may take to meet the key budget
+    options: dict[tuple[int, int], list[tuple[Plan, dict[str, Any]]]] = {}
+    for ij, plan in segments.items():
+        variants = {tuple(plan.galois_steps): plan}
+        for manifest in LEANER_MANIFESTS:
+            variant = with_key_manifest(plan, manifest)
+            variants.setdefault(tuple(variant.galois_steps), variant)
+        options[ij] = [(v, plan_cost(v)) for v in variants.values()]
 
-    def plans_of(ends: list[int]) -> list[Plan]:
-        return [segments[i, j] for i, j in zip([0, *ends[:-1]], ends, strict=True)]
+    def cheapest(weight: Callable[[dict[str, Any]], float]) -> tuple[list[int], list[Plan], int]:
+        best: dict[int, tuple[float, list[int], list[Plan], int]] = {0: (0.0, [], [], 0)}
+        for (i, j), choices in sorted(options.items()):
+            if i not in best:
+                continue
+            plan, cost = min(choices, key=lambda pc: weight(pc[1]))
+            entry = (best[i][0] + weight(cost), [*best[i][1], j], [*best[i][2], plan], best[i][3] + cost["key_bytes"])
+            if j not in best or entry[0] < best[j][0]:
+                best[j] = entry
+        return best[n][1], best[n][2], best[n][3]
 
-    fewest = len(cheapest(lambda c: 1.0))
-    ends = cheapest(lambda c: objective([c]) + ROUND_SECONDS)  # objective() of a cutting, summed per segment
-    if sum(costs[ij]["key_bytes"] for ij in zip([0, *ends[:-1]], ends, strict=True)) > max_key_bytes:
-        ends = cheapest(lambda c: c["key_bytes"])
-        need = sum(costs[ij]["key_bytes"] for ij in zip([0, *ends[:-1]], ends, strict=True))
+    fewest = len(cheapest(lambda c: 1.0)[0])
+    ends, plans, key_bytes = cheapest(lambda c: objective([c]) + ROUND_SECONDS)  # objective(), summed per segment
+    if key_bytes > max_key_bytes:  # Lagrangian: price key bytes until the cheapest cutting fits the budget
+        lean_ends, lean_plans, need = cheapest(lambda c: c["key_bytes"])
         if need > max_key_bytes:
             raise ParameterError(f"compile_segmented: max_key_bytes expected >= {need} (the fewest key bytes any "
                                  f"cutting needs, {need / 2**20:.0f} MiB), received {max_key_bytes}; raise it "
                                  f"(`veil export he --max-key-mib`) or lower precision_bits")
-    return plans_of(ends), ends, fewest
+        low, high = 0.0, 1.0
+        while cheapest(lambda c, price=high: objective([c]) + ROUND_SECONDS + price * c["key_bytes"])[2] > max_key_bytes:
+            high *= 4
+        ends, plans = lean_ends, lean_plans
+        for _ in range(40):
+            price = (low + high) / 2
+            found = cheapest(lambda c, price=price: objective([c]) + ROUND_SECONDS + price * c["key_bytes"])
+            if found[2] <= max_key_bytes:
+                high, (ends, plans) = price, found[:2]
+            else:
+                low = price
+    return plans, ends, fewest
 
 
 # -- the server's round book ---------------------------------------------------------------------------------

@@ -250,3 +250,32 @@ def test_encrypted_polycnn_with_refresh_matches_onnx_runtime() -> None:
     # 12 bits left ~0.016 of the scale here (and once > 0.02 in CI); 14 bits leave ~0.003, a 6x margin
     assert np.abs(y - expected).max() < 0.02 * scale, (y, expected)
     assert np.array_equal(y.argmax(1), expected.argmax(1))
+
+
+def test_a_tight_key_budget_switches_segments_to_leaner_key_manifests() -> None:
+    """Over the budget with exact keys, the search prices key bytes (Lagrangian) and takes pow2 / budget:K
+    manifests where they fit; the plans still compute the same function (same ops and weights)."""
+    from veil.he.compile import with_key_manifest
+
+    compiled: dict[bytes, object] = {}
+
+    def cached(segment, **kwargs):  # both searches compile the same segments: once each
+        key = segment.SerializeToString(deterministic=True)
+        if key not in compiled:
+            compiled[key] = compile(segment, **kwargs)
+        return compiled[key]
+
+    model, options = exported("cnn"), {"refresh": True, "precision_bits": 14, "max_poly_modulus_degree": 16384,
+                                       "compiler": cached}
+    fast = compile_segmented(model, **options)
+    lean_keys = sum(len(with_key_manifest(p, "pow2").galois_steps) for p in fast.plans)
+    assert lean_keys < sum(len(p.galois_steps) for p in fast.plans)  # pow2 needs fewer keys here
+    budget = fast.report["key_bytes"] - 1
+    lean = compile_segmented(model, max_key_bytes=budget, **options)
+    assert lean.report["key_bytes"] <= budget < fast.report["key_bytes"]
+    assert lean.report["objective_seconds"] >= fast.report["objective_seconds"]
+    assert any(p.spec["rotation_keys"] != "exact" for p in lean.plans)
+    for plan in lean.plans:  # a manifest changes keys and switch counts only: the program is the exact one's
+        exact = with_key_manifest(plan, "exact")
+        assert exact.ops == plan.ops and exact.tensors is plan.tensors and exact.levels == plan.levels
+        assert set(plan.galois_steps) != set(exact.galois_steps) or plan.spec["rotation_keys"] == "exact"
