@@ -87,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     if ray is not None:
         from .ray_serve import serve_ray
 
-        serve_ray(config, ray)
+        try:
+            serve_ray(config, ray)
+        except ConfigError as exc:  # the replicas need more CPUs than the cluster has: one line, at once
+            print(exc, file=sys.stderr)
+            return 2
         return 0
     try:
         serve(config)

@@ -626,6 +626,35 @@ def app(repo: str | Path, config: ServerConfig | None = None, ray: RayConfig | N
             *(model_target(config, ray, m) for m in models)]
 
 
+def required_cpus(repo: str | Path, ray: RayConfig) -> dict[str, float]:
+    """model -> the CPUs its replicas reserve at start (``--replicas`` or its instance_group count, or
+    ``--min-replicas`` when autoscaling, times ``--replica-cpus``; plus ``--he-workers x --he-worker-cpus`` per HE
+    model replica)."""
+    out = {}
+    for model in index(Path(repo)):
+        options = deployment_options(Path(repo), model, ray)
+        replicas = options.get("num_replicas", options.get("autoscaling_config", {}).get("min_replicas", 1))
+        he = read_model(Path(repo) / model).config.backend == "veil_he"
+        out[model] = replicas * (ray.replica_cpus + (ray.he_workers * ray.he_worker_cpus if he else 0.0))
+    return out
+
+
+def check_cluster_cpus(repo: str | Path, ray: RayConfig, available: float) -> None:
+    """Refuse to deploy replicas that reserve more CPUs than the cluster has: Ray would wait for them forever
+    (`--replicas 2` over 5 models on 2 CPUs printed nothing for 13 minutes; issue 31 item 12).
+
+    Raises:
+        ConfigError: naming the CPUs needed per model, the cluster's and the flags to change.
+    """
+    need = required_cpus(repo, ray)
+    total = sum(need.values())
+    if total > available + 1e-9:
+        per_model = ", ".join(f"{m} {c:g}" for m, c in sorted(need.items()))
+        raise ConfigError(f"veil serve --ray: the replicas reserve {total:g} CPUs ({per_model}), expected at most the "
+                          f"cluster's {available:g}; lower --replicas (or instance_group count), --replica-cpus or "
+                          "--he-workers, or join a larger cluster with --ray-address")
+
+
 def serve_ray(config: ServerConfig, ray_config: RayConfig) -> None:
     """`veil serve --ray`: join (or start) a Ray cluster, deploy the repository, serve until SIGINT/SIGTERM,
     then delete veil's applications (a local cluster is stopped with this process)."""
@@ -633,6 +662,7 @@ def serve_ray(config: ServerConfig, ray_config: RayConfig) -> None:
 
     ray.init(address=ray_config.ray_address or None, include_dashboard=False, log_to_driver=False)
     try:
+        check_cluster_cpus(config.repo, ray_config, ray.cluster_resources().get("CPU", 0.0))
         serve.start(http_options={"host": config.host, "port": config.port})
         targets = app(config.repo, config, ray_config)
         serve.run_many(targets)

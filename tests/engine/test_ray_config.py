@@ -69,3 +69,27 @@ def test_stats_are_summed_over_replicas_with_each_listed():
     assert [(r["replica"], r["pid"], r["success_count"]) for r in entry["replicas"]] == [("r1", 11, 2), ("r2", 12, 5)]
     assert board.stats("m:adapter") == board.stats("m") and board.stats("m", "2") == []
     assert len(board.stats()) == 2
+
+
+def test_replicas_beyond_the_clusters_cpus_fail_fast(tmp_path: Path, monkeypatch, capsys):
+    """Issue 31 item 12: `--replicas 2` over 5 models on 2 CPUs printed nothing for 13 minutes while Ray waited for
+    CPUs that never came; the CPUs the replicas reserve are checked against the cluster's before deploying."""
+    five = write_repository(tmp_path / "five", {f"m{i}": affine_model() for i in range(5)})
+    with pytest.raises(ConfigError, match=r"the replicas reserve 10 CPUs \(m0 2, m1 2, m2 2, m3 2, m4 2\), expected at "
+                                          r"most the cluster's 2; lower --replicas .*--replica-cpus"):
+        ray_serve.check_cluster_cpus(five, ray_serve.RayConfig(replicas=2), 2.0)
+    ray_serve.check_cluster_cpus(five, ray_serve.RayConfig(replicas=1, replica_cpus=0.4), 2.0)  # 2.0 fits
+    auto = ray_serve.RayConfig(min_replicas=1, max_replicas=8, replica_cpus=0.5)
+    assert ray_serve.required_cpus(five, auto) == {f"m{i}": 0.5 for i in range(5)}
+
+    import ray
+
+    started: list[str] = []  # nothing is deployed: serve.start is never reached
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(ray_serve.serve, "start", lambda **kwargs: started.append("start"))
+    from veil.engine.cli import main
+
+    assert main(["--repo", str(five), "--ray", "--replicas", "2", "--port", "0"]) == 2
+    assert started == [] and "--replica-cpus" in capsys.readouterr().err
