@@ -62,6 +62,20 @@ def plan_cost(plan) -> dict[str, Any]:
             "keys": keys, "key_bytes": key_bytes, "keygen_seconds": keys * KEYGEN_NS * n * primes**2 * 1e-9}
 
 
+def key_bytes(plans: list) -> int:
+    """Evaluation-key bytes of a cutting: one key set per distinct parameter set, holding the relinearization key
+    and the union of its segments' Galois steps (what ``HeSession.create`` generates)."""
+    from veil.he.params import galois_key_count
+
+    sets: dict[str, tuple[Any, set[int]]] = {}
+    for plan in plans:
+        params = plan.parameters()
+        sets.setdefault(params.hash(), (params, set()))[1].update(plan.galois_steps)
+    return sum((1 + galois_key_count(params, sorted(steps))) *
+               _switch_key_bytes(params.poly_modulus_degree, len(params.coeff_mod_bit_sizes))
+               for params, steps in sets.values())
+
+
 def objective(costs: list[dict[str, Any]]) -> float:
     """What the segment search minimizes: seconds of one request with the keys' one-time cost spread out."""
     evaluate = sum(c["predicted_seconds"] for c in costs) + ROUND_SECONDS * (len(costs) - 1)

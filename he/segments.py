@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from veil.he.cost import MAX_KEY_BYTES, ROUND_SECONDS, objective, plan_cost
+from veil.he.cost import MAX_KEY_BYTES, ROUND_SECONDS, key_bytes, objective, plan_cost
 from veil.he.cost import MODEL as COST_MODEL
 from veil.he.errors import EnvelopeError, HEError, ParameterError
 from veil.he.params import POLY_MODULUS_DEGREES
@@ -270,7 +270,7 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
         "rounds": len(plans), "cuts": cuts, "segments": segments, "candidates": candidates,
         "unsegmented_levels": needed, "segment_levels_total": sum(p.levels for p in plans),
         "objective_seconds": objective(costs), "predicted_seconds": sum(c["predicted_seconds"] for c in costs),
-        "key_bytes": sum(c["key_bytes"] for c in costs), "max_key_bytes": max_key_bytes, "cost_model": COST_MODEL,
+        "key_bytes": key_bytes(plans), "max_key_bytes": max_key_bytes, "cost_model": COST_MODEL,
         "fewest_rounds": fewest, "max_poly_modulus_degree": cap,
         "why": (f"the whole plan needs {needed} levels, more than one 128-bit set within N <= {cap} offers "
                 f"({whole_error}); among the cuttings at the {len(candidates)} candidate cuts whose keys fit "
@@ -319,34 +319,37 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
             variants.setdefault(tuple(variant.galois_steps), variant)
         options[ij] = [(v, plan_cost(v)) for v in variants.values()]
 
-    def cheapest(weight: Callable[[dict[str, Any]], float]) -> tuple[list[int], list[Plan], int]:
-        best: dict[int, tuple[float, list[int], list[Plan], int]] = {0: (0.0, [], [], 0)}
+    def cheapest(weight: Callable[[dict[str, Any]], float]) -> tuple[list[int], list[Plan]]:
+        best: dict[int, tuple[float, list[int], list[Plan]]] = {0: (0.0, [], [])}
         for (i, j), choices in sorted(options.items()):
             if i not in best:
                 continue
             plan, cost = min(choices, key=lambda pc: weight(pc[1]))
-            entry = (best[i][0] + weight(cost), [*best[i][1], j], [*best[i][2], plan], best[i][3] + cost["key_bytes"])
+            entry = (best[i][0] + weight(cost), [*best[i][1], j], [*best[i][2], plan])
             if j not in best or entry[0] < best[j][0]:
                 best[j] = entry
-        return best[n][1], best[n][2], best[n][3]
+        return best[n][1], best[n][2]
+
+    def priced(price: float) -> tuple[list[int], list[Plan]]:  # objective(), summed per segment, + key price
+        return cheapest(lambda c: objective([c]) + ROUND_SECONDS + price * c["key_bytes"])
 
     fewest = len(cheapest(lambda c: 1.0)[0])
-    ends, plans, key_bytes = cheapest(lambda c: objective([c]) + ROUND_SECONDS)  # objective(), summed per segment
-    if key_bytes > max_key_bytes:  # Lagrangian: price key bytes until the cheapest cutting fits the budget
-        lean_ends, lean_plans, need = cheapest(lambda c: c["key_bytes"])
+    ends, plans = priced(0.0)
+    if key_bytes(plans) > max_key_bytes:  # Lagrangian: price key bytes until the cheapest cutting fits the budget
+        ends, plans = cheapest(lambda c: c["key_bytes"])
+        need = key_bytes(plans)
         if need > max_key_bytes:
-            raise ParameterError(f"compile_segmented: max_key_bytes expected >= {need} (the fewest key bytes any "
-                                 f"cutting needs, {need / 2**20:.0f} MiB), received {max_key_bytes}; raise it "
-                                 f"(`veil export he --max-key-mib`) or lower precision_bits")
-        low, high = 0.0, 1.0
-        while cheapest(lambda c, price=high: objective([c]) + ROUND_SECONDS + price * c["key_bytes"])[2] > max_key_bytes:
+            raise ParameterError(f"compile_segmented: max_key_bytes expected >= {need} (the fewest key bytes the "
+                                 f"leanest cutting needs, {need / 2**20:.0f} MiB), received {max_key_bytes}; raise "
+                                 f"it (`veil export he --max-key-mib`) or lower precision_bits")
+        low, high = 0.0, 1e-9
+        while high < 1e3 and key_bytes(priced(high)[1]) > max_key_bytes:
             high *= 4
-        ends, plans = lean_ends, lean_plans
         for _ in range(40):
             price = (low + high) / 2
-            found = cheapest(lambda c, price=price: objective([c]) + ROUND_SECONDS + price * c["key_bytes"])
-            if found[2] <= max_key_bytes:
-                high, (ends, plans) = price, found[:2]
+            found = priced(price)
+            if key_bytes(found[1]) <= max_key_bytes:
+                high, (ends, plans) = price, found
             else:
                 low = price
     return plans, ends, fewest

@@ -316,7 +316,7 @@ def test_seal_errors_during_evaluation_are_400_with_one_log_line(app_client, tin
 # -- issue 18 §2: plans deeper than one parameter set, in client-refresh rounds ---------------------------------
 @pytest.fixture(scope="module")
 def deep_repo(tmp_path_factory):
-    """A depth-2 PolyMLP (11 levels) exported with --refresh and N <= 16384: 2 rounds, cut after the first block."""
+    """A depth-2 PolyMLP (11 levels) exported with --refresh and N <= 16384: 2 rounds, cut between the blocks."""
     rng = np.random.default_rng(0)
     y = np.repeat(np.arange(3), 40)
     x = rng.normal(size=(120, 6)).astype(np.float32)
@@ -341,11 +341,14 @@ def deep_live(deep_repo, oip):
 
 def test_deep_model_runs_in_refresh_rounds_and_matches_plaintext(deep_repo, deep_live, tmp_path) -> None:
     repo, data, manifest = deep_repo
-    assert manifest["rounds"] == 2 and manifest["segmentation"]["cuts"] == manifest["cuts"] == ["poly_act"]
+    # the cut is the cost model's choice among the candidates (he/cost.py), not a fixed one
+    [cut] = manifest["cuts"]
+    assert manifest["rounds"] == 2 and manifest["segmentation"]["cuts"] == [cut]
+    assert cut in manifest["segmentation"]["candidates"]
     assert "segments.json" in (repo / "deep-he" / "config.pbtxt").read_text()
     session = HeSession.create(deep_live, "deep-he", tmp_path / "k.keyring")
     he = session.he
-    assert he["rounds"] == 2 and [s["input"] for s in he["segments"]] == ["x", "poly_act"]
+    assert he["rounds"] == 2 and [s["input"] for s in he["segments"]] == ["x", cut]
     assert all("ops" not in s["plan"] for s in he["segments"])  # layouts only, no program or weights
     x = data.x_test[:3]
     logits = session.run(x)

@@ -106,7 +106,7 @@ def test_the_choice_is_the_cheapest_by_the_stated_cost_model() -> None:
     lowest veil.he.cost.objective within the key budget; the report states the model and the fewest rounds."""
     import itertools
 
-    from veil.he.cost import objective, plan_cost
+    from veil.he.cost import key_bytes, objective, plan_cost
 
     model = exported("mlp")
     points = ["x", *cut_candidates(model), "logits"]
@@ -117,14 +117,14 @@ def test_the_choice_is_the_cheapest_by_the_stated_cost_model() -> None:
         except ParameterError:
             cost[i, j] = None
             continue
-        cost[i, j] = None if p.parameters().poly_modulus_degree > 8192 else plan_cost(p)
+        cost[i, j] = None if p.parameters().poly_modulus_degree > 8192 else (p, plan_cost(p))
     options = []
     for r in range(len(points) - 1):
         for inner in itertools.combinations(range(1, len(points) - 1), r):
             ends = [0, *inner, len(points) - 1]
             parts = [cost[a, b] for a, b in itertools.pairwise(ends)]
             if None not in parts:
-                options.append((objective(parts), len(parts), sum(c["key_bytes"] for c in parts)))
+                options.append((objective([c for _, c in parts]), len(parts), key_bytes([p for p, _ in parts])))
     plan = compile_segmented(model, refresh=True, max_poly_modulus_degree=8192)
     assert plan.report["objective_seconds"] == pytest.approx(min(options)[0], rel=1e-12)
     assert plan.report["fewest_rounds"] == min(o[1] for o in options) <= plan.rounds
