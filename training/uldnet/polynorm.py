@@ -69,13 +69,15 @@ class PolyNorm(nn.Module):
                 m = self.config.momentum if self.num_batches_tracked > 0 else 1.0
                 self.running_var.lerp_(var.mean().to(self.running_var.dtype), m)
                 self.num_batches_tracked += 1
+        v = var / self.running_var
+        if self.training:
+            self.last_v = v  # the penalties' input (the trainer uses it after warm-up, or throughout)
         if self.exact:
             scale = torch.rsqrt(var + self.config.eps)
         else:
-            v = var / self.running_var
-            if self.training:
-                self.last_v = v
             scale = self.g(self.config.mu * v) * torch.sqrt(self.config.mu / self.running_var)
+            if self.training and self.config.train_fallback:
+                scale = torch.where(self.config.mu * v > self.b, torch.rsqrt(var + self.config.eps), scale)
         # (x - E[x]) * scale * weight + bias as one fused pass over x: the per-sample factors are small tensors
         if self.weight is not None:
             scale = scale * self.weight

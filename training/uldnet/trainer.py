@@ -114,7 +114,7 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
             xb = random_shift(x_train[idx], generator) if augment else x_train[idx]
             part, local = distributed.batch_rows(len(idx))  # every rank drew the same global batch: its slice
             loss = F.cross_entropy(net(xb[part]), y_train[idx][part], label_smoothing=cfg.label_smoothing)
-            penalty = None if warm else variance_penalty(model, cfg.lambda1, cfg.lambda2)
+            penalty = None if warm and not cfg.warmup_penalty else variance_penalty(model, cfg.lambda1, cfg.lambda2)
             if penalty is not None:
                 loss = loss + penalty
             if not torch.isfinite(loss):

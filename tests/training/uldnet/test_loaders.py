@@ -6,17 +6,7 @@ import pickle
 
 import numpy as np
 import pytest
-from PIL import Image
 from veil.training.uldnet.data import DataError, load_cifar, load_data_spec
-
-
-def write_folder(root, classes=("cat", "dog"), per_class=6, size=(40, 30)) -> None:
-    rng = np.random.default_rng(0)
-    for name in classes:
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / name / f"{i}.{'png' if i % 2 else 'jpg'}")
 
 
 def write_batch(path, n: int, labels_key: bytes, num_classes: int, seed: int) -> None:
@@ -37,9 +27,8 @@ def write_cifar10(root, n: int = 20):
     return folder
 
 
-def test_folder_loader_resizes_to_rgb_and_records_its_contract(tmp_path) -> None:
-    write_folder(tmp_path / "photos")
-    data = load_data_spec(f"folder:{tmp_path / 'photos'}", image_size=32)
+def test_folder_loader_resizes_to_rgb_and_records_its_contract(image_folder) -> None:
+    data = load_data_spec(f"folder:{image_folder()}", image_size=32)
     assert data.classes == ["cat", "dog"] and data.input_shape == [3, 32, 32]
     x = np.concatenate([data.x_train, data.x_val, data.x_test])
     assert x.dtype == np.float32 and len(x) == 12 and x.min() >= 0.0 and x.max() <= 1.0
@@ -47,8 +36,8 @@ def test_folder_loader_resizes_to_rgb_and_records_its_contract(tmp_path) -> None
     assert contract["layout"] == "CHW, RGB" and "pixel / 255" in contract["scale"] and contract["shape"] == [3, 32, 32]
 
 
-def test_folder_loader_names_the_unreadable_file_and_the_flag(tmp_path) -> None:
-    write_folder(tmp_path / "photos")
+def test_folder_loader_names_the_unreadable_file_and_the_flag(image_folder, tmp_path) -> None:
+    image_folder()
     bad = tmp_path / "photos" / "dog" / "broken.png"
     bad.write_bytes(b"not a png")
     with pytest.raises(DataError, match=rf"{bad}: expected an image Pillow can read"):

@@ -96,3 +96,32 @@ def test_polyresnet_exports_to_onnx_with_runtime_parity_and_ckks_ops_only() -> N
     assert not ops & {"Relu", "MaxPool", "BatchNormalization", "Sqrt", "Div", "Softmax"}
     assert ops <= {"Conv", "Add", "PolyNorm", "PolyAct", "GlobalAveragePool", "ReduceMean", "Flatten", "Reshape",
                    "Gemm", "MatMul"}, ops
+
+
+def test_train_fallback_normalises_outliers_exactly_in_training_only() -> None:
+    """The photos32 recipe's guard: a sample whose variance is far past Var-bar (mu v beyond the vertex k mu)
+    is normalised with the exact 1/sqrt while training; evaluation (and export) stay polynomial."""
+    from veil.training.uldnet.config import PolyNormConfig
+
+    norm = PolyNorm(4, PolyNormConfig(train_fallback=True, affine=False), layout="channels")
+    x = torch.randn(2, 4, 3, 3)
+    x[1] *= 10.0  # variance ~100 x Var-bar (held at 1 below): far past k = 4
+    norm.train()
+    norm.running_var.fill_(1.0)
+    norm.num_batches_tracked += 1
+    norm.config.momentum = 1e-9  # keep Var-bar at 1 for this check
+    y = norm(x)
+    assert norm.last_v is not None and norm.last_v[1].item() > 8
+    torch.testing.assert_close(y[1].std(unbiased=False), torch.tensor(1.0), atol=1e-3, rtol=0)  # exact LayerNorm
+    norm.eval()
+    assert norm(x)[1].std() > 10  # polynomial in eval: the parabola rises past its vertex
+
+
+def test_warmup_records_relative_variances_for_the_warmup_penalty() -> None:
+    from veil.training.uldnet.polynorm import set_warmup, variance_penalty
+
+    model = resnet(depth=1)
+    set_warmup(model, True)
+    model.train()
+    model(torch.randn(4, *SHAPE))
+    assert variance_penalty(model, 0.0, 0.1) is not None  # TrainConfig.warmup_penalty applies it during warm-up

@@ -1,0 +1,173 @@
+"""ULD-Net at 32x32 RGB (photos32): PolyResNet-20 and PolyViT against their ReLU+BN / LN+GELU twins and logistic regression.
+
+One run on the bundled photos32 task (training/uldnet/photos.py), every model on its `--preset photos32`
+recipe, the polynomial model and its standard-op twin on the same budget (epochs, lr, batch, seed). The
+PolyResNet-20 is trained by the user's own command, `veil train uldnet --preset photos32 --arch resnet`, in a
+child process, so its wall and CPU time are those of the default run; its checkpoint stays in
+--checkpoint. Writes docs/results/uldnet_photos.json and the uldnet_photos section of docs/results.md.
+
+    nice python benchmarks/uldnet_photos.py                          # the full run (30-60 min on 2 cores)
+    python benchmarks/uldnet_photos.py --quick --out /tmp/b          # a smoke run (2 epochs each)
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from veil.training.uldnet import ModelConfig, TrainConfig, load_photos32, train_uldnet
+from veil.training.uldnet.config import PHOTOS32_PRESETS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import argument_parser, command_line, environment, save_results
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = "uldnet_photos"
+NAMES = {"resnet": "PolyResNet-20", "resnet-baseline": "ResNet-20 (ReLU + BatchNorm)", "vit": "PolyViT",
+         "vit-baseline": "ViT (LayerNorm + GELU, softmax)", "logreg": "logistic regression (raw pixels)"}
+QUICK = {"epochs": 2, "warmup_epochs": 1}
+
+
+def logistic_regression(data) -> dict:
+    from sklearn.linear_model import LogisticRegression
+
+    flat = lambda x: x.reshape(len(x), -1)  # noqa: E731
+    start, cpu = time.perf_counter(), time.process_time()
+    model = LogisticRegression(max_iter=300).fit(flat(data.x_train), data.y_train)
+    return {"test_accuracy": float(model.score(flat(data.x_test), data.y_test)),
+            "val_accuracy": float(model.score(flat(data.x_val), data.y_val)),
+            "train_seconds": round(time.perf_counter() - start, 1), "cpu_seconds": round(time.process_time() - cpu, 1)}
+
+
+def start_cli_resnet(checkpoint: Path, quick: bool) -> tuple[subprocess.Popen, list[str], float]:
+    """Start `veil train uldnet --preset photos32 --arch resnet` in a child process (the user's default run)."""
+    argv = [sys.executable, "-m", "veil.cli", "train", "uldnet", "--preset", "photos32", "--arch", "resnet",
+            "--out", str(checkpoint), "--no-progress"]
+    if quick:
+        argv += ["--epochs", str(QUICK["epochs"]), "--warmup-epochs", str(QUICK["warmup_epochs"])]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True), argv, time.perf_counter()
+
+
+def finish_cli_resnet(child: subprocess.Popen, argv: list[str], start: float, checkpoint: Path) -> dict:
+    """Wait for the child: its metrics, wall time and CPU time (user + system, from its rusage)."""
+    out, _ = child.communicate()
+    if child.returncode:
+        raise RuntimeError(f"{' '.join(argv)} exited with status {child.returncode}")
+    metrics = json.loads(out)
+    metrics["wall_seconds"] = round(time.perf_counter() - start, 1)
+    metrics["command"] = " ".join(["veil", *argv[3:]])
+    metrics["history"] = json.loads((checkpoint / "metrics.json").read_text())["history"]
+    return metrics
+
+
+def train(arch: str, baseline: bool, data, quick: bool) -> dict:
+    preset = PHOTOS32_PRESETS[arch]
+    model_config = ModelConfig(input_shape=data.input_shape, num_classes=len(data.classes), baseline=baseline,
+                               **preset["model"])
+    train_config = TrainConfig(**{**preset["train"], **(QUICK if quick else {})})
+    cpu = time.process_time()
+    result = train_uldnet(model_config, train_config, data, progress=False)
+    return {**result.metrics, "cpu_seconds": round(time.process_time() - cpu, 1), "history": result.history,
+            "model_config": model_config.to_dict(), "train_config": train_config.to_dict()}
+
+
+def run(checkpoint: Path, quick: bool) -> dict:
+    """The PolyResNet-20 CLI run in a child process, beside the other models trained here on one thread each
+    (2 cores: the two streams run side by side; CPU time is measured per run)."""
+    data = load_photos32()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child = start_cli_resnet(checkpoint, quick)
+    torch.set_num_threads(1)
+    models = {"logreg": logistic_regression(data)}
+    for key, arch, baseline in (("resnet-baseline", "resnet", True), ("vit", "vit", False), ("vit-baseline", "vit", True)):
+        models[key] = train(arch, baseline, data, quick)
+        print(f"{key} done", file=sys.stderr, flush=True)
+    models["resnet"] = finish_cli_resnet(*child, checkpoint)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    models["resnet"]["cpu_seconds"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1)
+    return {"data": data.describe(), "models": models}
+
+
+def summarize(results: dict) -> dict:
+    acc = {k: 100 * m["test_accuracy"] for k, m in results["models"].items()}
+    resnet_s = results["models"]["resnet"]["wall_seconds"]
+    return {
+        "accuracy": {k: round(v, 2) for k, v in acc.items()},
+        "resnet_gap": round(acc["resnet-baseline"] - acc["resnet"], 2),
+        "vit_gap": round(acc["vit-baseline"] - acc["vit"], 2),
+        "resnet_over_logreg": round(acc["resnet"] - acc["logreg"], 2),
+        "vit_over_logreg": round(acc["vit"] - acc["logreg"], 2),
+        "targets": {"PolyResNet-20 within 2 pts of its ReLU+BN twin": acc["resnet-baseline"] - acc["resnet"] <= 2,
+                    "PolyViT within 3 pts of its LN+GELU twin": acc["vit-baseline"] - acc["vit"] <= 3,
+                    "both >= 25 pts above logistic regression": min(acc["resnet"], acc["vit"]) - acc["logreg"] >= 25,
+                    "logistic regression < 60 %": acc["logreg"] < 60,
+                    "ReLU ResNet-20 < 97 % (the task is not saturated)": acc["resnet-baseline"] < 97,
+                    "default PolyResNet-20 run <= 15 min": resnet_s <= 900},
+    }
+
+
+def markdown(results: dict, summary: dict, command: str) -> str:
+    env, models = results["environment"], results["models"]
+    sizes = results["data"]["sizes"]
+    lines = [
+        "## ULD-Net at 32x32 RGB: photos32 (issue 30)",
+        "",
+        f"Command: `nice {command}` — {env['date']}, {env['machine']}, torch {env['torch']}; one run, seed 0.",
+        f"photos32: {len(results['data']['classes'])} classes (one per bundled photo / texture), {sizes['train']} / "
+        f"{sizes['val']} / {sizes['test']} crops from disjoint blocks of each image, each crop standardised on its own "
+        "(docs/uldnet.md). Test accuracy of the best-validation epoch; each model on its `--preset photos32` recipe, "
+        "the twin on the same budget. CPU s = user + system time of the run (2 threads: up to 2x wall).",
+        "",
+        "| model | test acc % | val acc % | CKKS levels | params | epochs (warm-up) | lr | wall s | CPU s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, name in NAMES.items():
+        m = models[key]
+        cfg = PHOTOS32_PRESETS.get(key.split("-")[0], {}).get("train", {})
+        epochs = "-" if key == "logreg" else f"{m.get('train_config', cfg).get('epochs', cfg.get('epochs'))} " \
+                                             f"({m.get('train_config', cfg).get('warmup_epochs', cfg.get('warmup_epochs'))})"
+        lr = "-" if key == "logreg" else m.get("train_config", cfg).get("lr", cfg.get("lr"))
+        depth = m.get("depth_total", "-") if key != "logreg" else "-"
+        wall = m.get("wall_seconds", m["train_seconds"])
+        lines.append(f"| {name} | {100 * m['test_accuracy']:.2f} | {100 * m['val_accuracy']:.2f} | "
+                     f"{'not polynomial' if depth is None else depth} | {m.get('parameters', '-')} | {epochs} | {lr} | "
+                     f"{wall} | {m['cpu_seconds']} |")
+    lines += ["", f"PolyResNet-20 vs its ReLU+BN twin: {summary['resnet_gap']:+.2f} pts; PolyViT vs its LN+GELU twin: "
+                  f"{summary['vit_gap']:+.2f} pts; over logistic regression: {summary['resnet_over_logreg']:+.2f} / "
+                  f"{summary['vit_over_logreg']:+.2f} pts.",
+              f"The PolyResNet-20 row is the default command `{models['resnet']['command']}`, process start to "
+              f"checkpoint: {models['resnet']['wall_seconds']} s wall.", "", "| target | met |", "|---|---|"]
+    lines += [f"| {t} | {'yes' if ok else '**missed**'} |" for t, ok in summary["targets"].items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="2 epochs per model (a smoke run, not a result)")
+    parser.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "photos32-resnet20",
+                        help="where the PolyResNet-20 checkpoint of the default command goes")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = Path(tmp) / "ck" if args.quick else args.checkpoint
+        results = run(checkpoint, args.quick)
+    results["environment"] = {**environment(f"{torch.get_num_threads()} threads"), "torch": torch.__version__,
+                              "numpy": np.__version__, "wall_seconds": round(time.perf_counter() - start, 1)}
+    results["checkpoint"] = None if args.quick else str(args.checkpoint)
+    (args.out / "results").mkdir(parents=True, exist_ok=True)  # the raw runs first: a report bug loses nothing
+    (args.out / "results" / f"{SECTION}.raw.json").write_text(json.dumps(results, indent=1))
+    summary = summarize(results)
+    save_results(args.out, SECTION, {**results, "summary": summary}, markdown(results, summary, command_line(__file__, argv)))
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
