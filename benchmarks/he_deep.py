@@ -65,6 +65,9 @@ def checkpoint(folder: Path, arch: str, width: int, epochs: int) -> Path:
     return path
 
 
+MIN_PLAIN_ACCURACY = 0.90  # a row whose plaintext model is below this is not reported (issue 35 §6)
+
+
 class Server:
     """``veil serve`` on 127.0.0.1 in a thread (as the engine tests run it)."""
 
@@ -87,12 +90,16 @@ class Server:
 
 
 def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bits: int,
-                  max_n: int | None) -> dict[str, Any]:
+                  max_n: int | None, min_accuracy: float = MIN_PLAIN_ACCURACY) -> dict[str, Any]:
     """Export ``ck`` with --refresh, serve it, and run ``images`` test images through ``HeSession``.
 
     Each request carries as many images as one ciphertext of every segment holds (the smallest
     ``batch_capacity`` over the segments, images side by side in the slots); times and bytes are per image.
     """
+    accuracy = json.loads((ck / "metrics.json").read_text())["test_accuracy"]
+    if accuracy < min_accuracy:  # an encrypted copy of a broken model says nothing about the encryption
+        return {"skipped": f"plain test accuracy {100 * accuracy:.1f} % < {100 * min_accuracy:.0f} %: not run "
+                           f"encrypted (train longer or at a higher learning rate)", "test_accuracy": accuracy}
     data = load_digits_preset()
     repo = workdir / "repo"
     start = time.perf_counter()
@@ -126,11 +133,15 @@ def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bit
             rows.append({"encrypt_decrypt_s": ((t1 - t0) + (t3 - t2)) / n, "server_s": server / n,
                          "refresh_s": sum(r.get("refresh_seconds", 0.0) for r in rounds) / n,
                          "network_s": (sum(r["http_seconds"] for r in rounds) - server) / n, "total_s": (t3 - t0) / n,
-                         "bytes": [(r["request_bytes"], r["result_bytes"]) for r in rounds]})
+                         "bytes": [(r["request_bytes"], r["result_bytes"]) for r in rounds],
+                         "round_server_s": [r["server_seconds"] / n for r in rounds]})
     logits = np.concatenate(logits)
     seg = manifest["segmentation"]
+    predicted = [s["cost"]["predicted_seconds"] for s in seg.get("segments", [])]
     per_round = [{"round": k, "request_bytes": int(statistics.median(r["bytes"][k][0] for r in rows)),
-                  "result_bytes": int(statistics.median(r["bytes"][k][1] for r in rows))}
+                  "result_bytes": int(statistics.median(r["bytes"][k][1] for r in rows)),
+                  "server_s": statistics.median(r["round_server_s"][k] for r in rows),
+                  "predicted_s": predicted[k] if k < len(predicted) else None}
                  for k in range(manifest["rounds"])]
     return {
         "images": images, "images_per_request": batch, "rounds": manifest["rounds"], "cuts": manifest["cuts"],
@@ -145,6 +156,7 @@ def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bit
                               for k in ("total_s", "server_s", "refresh_s", "network_s", "encrypt_decrypt_s")},
         "bytes_per_round": per_round, "keygen_register_s": keygen_s, "export_compile_s": export_s,
         "key_bytes": sum(len(ring.evaluation_keys().to_bytes()) for _, _, ring in session.rings.values()),
+        "test_accuracy": accuracy,
     }
 
 
@@ -209,6 +221,8 @@ def ring_65536() -> dict[str, Any]:
 
 
 def _row(label: str, r: dict[str, Any]) -> str:
+    if "skipped" in r:
+        return f"| {label} | not reported: {r['skipped']} |" + " |" * 12
     s = r["seconds_per_image"]
     return (f"| {label} | {r['unsegmented_levels']} | {r['rounds']} | {', '.join(r['cuts'])} | "
             + ", ".join(f"{g['levels']} @ {g['poly_modulus_degree']}" for g in r["segments"])
@@ -219,8 +233,12 @@ def _row(label: str, r: dict[str, Any]) -> str:
 
 
 def _details(label: str, r: dict[str, Any]) -> str:
-    return (f"{label}: bytes per round (median request): " + "; ".join(
-        f"round {b['round']}: {b['request_bytes'] / 2**20:.2f} MiB in, {b['result_bytes'] / 2**20:.2f} MiB out"
+    if "skipped" in r:
+        return f"{label}: {r['skipped']}."
+    return (f"{label}: bytes per round (median request) and server seconds per image against the cost model's "
+            f"prediction (he/cost.py): " + "; ".join(
+        f"round {b['round']}: {b['request_bytes'] / 2**20:.2f} MiB in, {b['result_bytes'] / 2**20:.2f} MiB out, "
+        f"{b.get('server_s', float('nan')):.2f} s (predicted {b.get('predicted_s') or float('nan'):.2f} s)"
         for b in r["bytes_per_round"]) + f". Key sets (all rounds) {r['key_bytes'] / 2**20:.1f} MiB; keygen + "
         f"registration {r['keygen_register_s']:.1f} s; export + segmented compile {r['export_compile_s']:.1f} s. "
         f"Why these cuts: {r['why'].split(' (', 1)[0]}; " + r["why"].rsplit("); ", 1)[-1] + ".")
@@ -278,13 +296,15 @@ def main(argv: list[str] | None = None) -> int:
                         "the previous docs/results/he_deep.json)")
     parser.add_argument("--skip-vit", action="store_true", help="only the PolyCNN row (reads the PolyViT row from "
                         "the previous docs/results/he_deep.json)")
+    parser.add_argument("--min-accuracy", type=float, default=MIN_PLAIN_ACCURACY,
+                        help="a model whose plain test accuracy is below this is not run encrypted (--quick: 0)")
     parser.add_argument("--encoded-mb", type=int, default=512, help="per segment, masks encoded at load up to this "
                         "size (the rest at each use; server and client share this machine's memory)")
     args = parser.parse_args(argv)
     evaluate.ENCODED_BYTES = args.encoded_mb << 20
     if args.quick:
         args.arch, args.width, args.epochs, args.images, args.precision_bits, args.max_n = "mlp", 8, 3, 2, 12, 8192
-        args.vit_width = 0
+        args.vit_width, args.min_accuracy = 0, 0.0
     width = args.width or DIGITS_PRESETS[args.arch]["model"]["width"]
     with tempfile.TemporaryDirectory(prefix="veil-he-deep-") as tmp:
         cache = args.cache or Path(tmp) / "runs"
@@ -300,13 +320,14 @@ def main(argv: list[str] | None = None) -> int:
             report.setdefault("carried", {})["PolyCNN"] = previous.get("carried", {}).get("PolyCNN", carried)
         else:
             report["cnn"] = run_encrypted(checkpoint(cache, args.arch, width, args.epochs), Path(tmp) / "cnn",
-                                          args.arch, args.images, args.precision_bits, args.max_n)
+                                          args.arch, args.images, args.precision_bits, args.max_n, args.min_accuracy)
         if args.skip_vit:
             report.update({k: previous[k] for k in ("vit", "vit_config", "vit_epochs") if k in previous})
             report.setdefault("carried", {})["PolyViT"] = previous.get("carried", {}).get("PolyViT", carried)
         elif args.vit_width:
             report["vit"] = run_encrypted(vit_checkpoint(cache, args.vit_width, args.vit_epochs), Path(tmp) / "vit",
-                                          "vit", args.images, args.precision_bits, args.max_n or 16384)
+                                          "vit", args.images, args.precision_bits, args.max_n or 16384,
+                                          args.min_accuracy)
     if args.ring_65536:
         report["ring_65536"] = ring_65536()
     (args.out / "results").mkdir(parents=True, exist_ok=True)  # the numbers first: a table bug must not lose them
