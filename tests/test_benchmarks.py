@@ -79,19 +79,59 @@ def test_he_digits_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert "<!-- he_digits:begin -->" in (tmp_path / "results.md").read_text()
 
 
+def test_he_cnn_reads_mnist_idx_files_and_upscales_digits(load_benchmark, tmp_path) -> None:
+    """The idx loader reads the layout MNIST ships (plain and gzipped) and refuses a header that lies."""
+    import gzip
+    import struct
+
+    import numpy as np
+
+    module = load_benchmark("he_cnn")
+    images = np.arange(3 * 28 * 28, dtype=np.uint32).reshape(3, 28, 28).astype(np.uint8)
+    labels = np.array([7, 0, 9], dtype=np.uint8)
+    for prefix, opener in (("train", open), ("t10k", gzip.open)):
+        suffix = "" if opener is open else ".gz"
+        with opener(tmp_path / f"{prefix}-images-idx3-ubyte{suffix}", "wb") as f:
+            f.write(b"\0\0\x08\x03" + struct.pack(">3I", 3, 28, 28) + images.tobytes())
+        with opener(tmp_path / f"{prefix}-labels-idx1-ubyte{suffix}", "wb") as f:
+            f.write(b"\0\0\x08\x01" + struct.pack(">I", 3) + labels.tobytes())
+    data = module.load_mnist(tmp_path)
+    assert data["x_train"].shape == data["x_test"].shape == (3, 1, 28, 28) and data["x_test"].dtype == np.float32
+    assert np.allclose(data["x_test"][:, 0] * 255, images) and data["y_train"].tolist() == [7, 0, 9]
+    (tmp_path / "bad").write_bytes(b"\0\0\x08\x01" + struct.pack(">I", 5) + b"\x01")
+    with pytest.raises(ValueError, match="states dims"):
+        module.load_idx(tmp_path / "bad")
+    with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte or"):
+        module.load_mnist(tmp_path / "missing")
+    digits = np.random.default_rng(0).random((2, 1, 8, 8)).astype(np.float32)
+    big = module.digits_28(digits)
+    assert big.shape == (2, 1, 28, 28) and big[:, :, :2].max() == 0 and big[:, :, :, -2:].max() == 0
+    assert np.array_equal(big[:, :, 2:5, 2:5], np.broadcast_to(digits[:, :, :1, :1], (2, 1, 3, 3)))
+
+
 @pytest.mark.slow
 @pytest.mark.isolated
 def test_he_cnn_benchmark_quick(load_benchmark, tmp_path) -> None:
     module = load_benchmark("he_cnn")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results" / "he_cnn.json").read_text())
-    assert {"a_tenseal_tutorial", "b_veil_same_cnn_exact", "b_veil_same_cnn_pow2", "b_veil_same_cnn_throughput",
-            "c_veil_polycnn_exact"} <= set(report["runs"])
     runs = report["runs"]
-    assert runs["b_veil_same_cnn_pow2"]["eval_key_bytes"] < runs["b_veil_same_cnn_exact"]["eval_key_bytes"]
-    assert all(r["argmax_agreement"] == 1.0 for k, r in runs.items() if k.startswith(("b_", "c_")))
-    assert runs["c_veil_polycnn_exact"]["levels"] == 8  # targets are timings: reported, never asserted
-    assert {"c_1_image<=a", "b_fastest_speedup>=5x"} <= set(report["targets"]["met"])  # each target: met or not
+    assert {"a_tenseal_default_threads", "a_tenseal_1_thread", "b_veil_exact", "b_veil_pow2", "b_veil_throughput_mode",
+            "c_variant_8x8_tenseal_default_threads", "c_variant_8x8_veil_exact", "d_polycnn_veil_exact"} <= set(runs)
+    assert runs["b_veil_pow2"]["key_bytes_seeded"] < runs["b_veil_exact"]["key_bytes_seeded"]
+    # TenSEAL saves its keys unseeded: the same key set regenerated seeded is about half the bytes
+    tenseal = runs["a_tenseal_default_threads"]
+    assert 0.4 < tenseal["key_bytes_seeded"] / tenseal["key_bytes_as_serialized"] < 0.6
+    assert all(r["argmax_agreement"] == 1.0 for k, r in runs.items() if k.startswith(("b_", "c_v", "d_")) and "veil" in k)
+    assert runs["b_veil_exact"]["poly_modulus_degree"] == 8192 and runs["d_polycnn_veil_exact"]["levels"] == 8
+    for r in runs.values():  # throughput is a real call's images over its time, never slots over time
+        call = r["batch_call"]
+        assert call["images_per_s"] == pytest.approx(call["images"] / call["latency_s"])
+    assert runs["b_veil_throughput_mode"]["batch_call"]["images"] == runs["b_veil_throughput_mode"]["images"]
+    assert runs["b_veil_exact"]["one_image"]["calls"] == 2 and "load_1min_before" in runs["a_tenseal_1_thread"]
+    # targets are timings: reported met or missed with the figure, never asserted
+    assert all({"measured", "target", "met"} <= set(v) for v in report["targets"]["rows"].values())
+    assert "rotations" in report["profiles"]["b_veil_exact"]["ops"]
     assert "<!-- he_cnn:begin -->" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "img" / "he_cnn_keys.png").stat().st_size > 5_000
 
