@@ -210,6 +210,15 @@ def test_optim_lora_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert (tmp_path / "img" / "optim_lora_loss.png").stat().st_size > 10_000
 
 
+def test_he_deep_refuses_to_report_a_model_below_90_percent(load_benchmark, tmp_path) -> None:
+    module = load_benchmark("he_deep")
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "metrics.json").write_text(json.dumps({"test_accuracy": 0.336}))
+    row = module.run_encrypted(tmp_path / "ck", tmp_path / "w", "cnn", 2, 20, None)
+    assert row["skipped"].startswith("plain test accuracy 33.6 % < 90 %") and not (tmp_path / "w").exists()
+    assert "not reported: plain test accuracy 33.6 %" in module._row("PolyCNN", row)
+
+
 @pytest.mark.slow
 def test_he_deep_benchmark_quick(load_benchmark, tmp_path) -> None:
     module = load_benchmark("he_deep")
