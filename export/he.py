@@ -33,6 +33,7 @@ from .he_params import parameter_choice
 from .onnx_export import export_graph
 from .repository import NAME_PATTERN, model_folder
 from .swap import ExportError
+from .uldnet import input_contract
 
 CONFIG = """name: "{name}"
 backend: "veil_he"
@@ -69,7 +70,8 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
     params = plan.parameters()
     manifest = {
         "format": 1, "name": name, "version": version, "kind": "he-plan", "mode": mode,
-        "classes": config["data"]["classes"], "input_shape": shape, "levels": plan.levels,
+        "classes": config["data"]["classes"], "input_shape": shape, "input": input_contract(config),
+        "levels": plan.levels,
         "parameters": params.to_dict(), "params_hash": params.hash(), "plan_hash": plan.hash(),
         "galois_steps": plan.galois_steps, "describe": describe(params, plan.galois_steps),
         "parameter_choice": parameter_choice(plan),  # the smallest N that holds the (first) plan, and why

@@ -64,6 +64,9 @@ def test_metadata_exposes_parameters_and_key_manifest(live) -> None:
     assert meta["platform"] == "veil_he" and meta["inputs"][0]["datatype"] == "BYTES"
     assert he["mode"] == "latency" and he["galois_steps"] and he["describe"]["security"].startswith("128")
     assert "ops" not in he["plan"] and "values" not in he["plan"]  # layout only, no program or weights
+    # the input contract travels (issue 30 §5): what x must be before it is encrypted
+    contract = meta["parameters"]["veil"]["input"]
+    assert contract == {"name": "x", "dtype": "float32", "shape": [6], "scale": "as given", "normalization": "none"}
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
