@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import bitstream
 from .errors import CodecError
-from .images import MAX_PIXELS, MIN_SIDE
+from .images import MAX_PIXELS, MAX_WORK_MB, MIN_SIDE
 
 EXAMPLE = """example:
   veil codec encode photo.png -o photo.vc --target-bpp 0.02
@@ -73,7 +73,7 @@ def _runtime(args: argparse.Namespace):
     from .runtime import CodecRuntime
 
     folder, source = default_model(args.model)
-    runtime = CodecRuntime(folder, threads=args.threads, max_pixels=args.max_pixels)
+    runtime = CodecRuntime(folder, threads=args.threads, max_pixels=args.max_pixels, max_work_mb=args.max_work_mb)
     args.model_used = {"path": str(folder), "source": source, "hash": runtime.hash}
     return runtime
 
@@ -103,6 +103,10 @@ def build_parser(prog: str = "veil codec") -> argparse.ArgumentParser:
     common.add_argument("--max-pixels", type=_pixels, default=MAX_PIXELS,
                         help=f"refuse images and streams claiming more pixels than this (default: {MAX_PIXELS}); "
                              "a stream sending few scales can claim a large image, and decoding costs its size")
+    common.add_argument("--max-work-mb", type=float, default=MAX_WORK_MB,
+                        help=f"refuse images and streams whose coding needs more memory than this (default: "
+                             f"{MAX_WORK_MB:g} MiB, about 750x750 pixels; the prior attends over every latent cell, "
+                             "so memory grows with the square of the area)")
     decoding = argparse.ArgumentParser(add_help=False)
     decoding.add_argument("--mode", choices=sorted(bitstream.MODES), default="greedy",
                           help="how the decoder fills the scales not sent (default: greedy)")

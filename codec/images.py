@@ -17,6 +17,7 @@ from .errors import ImageError, ImageTooLarge
 
 FORMATS = ("PNG", "JPEG", "BMP", "PPM", "TIFF", "WEBP")
 MAX_PIXELS = 4096 * 4096  # 16.8 MP; the header stores each side in 16 bits
+MAX_WORK_MB = 2048.0  # default coding-memory budget: images up to about 750 x 750 pixels (the prior's cells dominate)
 MAX_SIDE = 65535
 MIN_SIDE = 8
 # the bundled photos never trained on (``cat`` is chelsea under another name and is never trained on either)

@@ -31,7 +31,7 @@ import onnxruntime as ort
 from . import bitstream as bs
 from .coder import ONE, cross_entropy_bits, decode_bits, encode_bits, max_coded_bits, quantize_probs
 from .errors import BitstreamError, BudgetExceeded, CodecError
-from .images import MAX_PIXELS, check_size
+from .images import MAX_PIXELS, MAX_WORK_MB, check_size
 from .scales import down, latent_size, scale_sizes, up
 from .tokens import Geometry, codes, prior_inputs
 
@@ -42,7 +42,6 @@ ARTIFACT_FILES = ("codec.json", "encoder.onnx", "decoder.onnx", "prior.onnx")
 # into 4.8 GB; the decoder (and encoder) graphs take ~760 bytes per padded pixel.
 PRIOR_BYTES_PER_PAIR = 96
 GRAPH_BYTES_PER_PIXEL = 800
-MAX_WORK_MB = 2048.0  # the default budget: images up to about 750 x 750 pixels (the prior's cells dominate)
 
 
 def artifact_hash(folder: str | Path) -> str:

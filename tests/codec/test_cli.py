@@ -106,3 +106,12 @@ def test_an_explicit_model_wins_and_is_named(capsys, tmp_path, codec_dir, images
     (tmp_path / "crop.png").write_bytes(png_bytes(images.crop))
     enc = run(capsys, "encode", str(tmp_path / "crop.png"), "-o", str(tmp_path / "c.vc"), "--model", str(codec_dir))
     assert enc["model"]["source"] == "--model" and enc["model"]["path"] == str(codec_dir)
+
+
+def test_the_coding_memory_budget_is_a_flag(capsys, tmp_path, codec_dir, images) -> None:
+    """A photo over --max-work-mb is one line naming the size and the budget; raising the flag codes it."""
+    (tmp_path / "crop.png").write_bytes(png_bytes(images.crop))
+    args = ["encode", str(tmp_path / "crop.png"), "-o", str(tmp_path / "c.vc"), "--model", str(codec_dir)]
+    assert main([*args, "--max-work-mb", "0.01"]) == 2
+    assert "expected at most 0.01 MiB" in capsys.readouterr().err
+    assert main([*args, "--max-work-mb", "4096"]) == 0 and (tmp_path / "c.vc").is_file()
