@@ -45,6 +45,9 @@ def build_parser(prog: str = "veil serve") -> argparse.ArgumentParser:
     ray.add_argument("--he-workers", type=int, help="Ray actors each HE model replica splits a multi-ciphertext "
                      "request over (default: 0, none)")
     ray.add_argument("--he-worker-cpus", type=float, help="CPUs each HE evaluation worker reserves (default: 1)")
+    ray.add_argument("--ray-deploy-timeout", type=float, dest="deploy_timeout_s", metavar="SECONDS",
+                     help="seconds to wait for every model's replicas to run; then stop and exit 2 with Ray's reason "
+                          "(default: 300)")
     return parser
 
 
@@ -85,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     from .server import ServeError, serve  # fastapi and onnxruntime: imported once the server starts
 
     if ray is not None:
-        from .ray_serve import serve_ray
+        from .ray_serve import DeployError, serve_ray
 
         try:
             serve_ray(config, ray)
-        except ConfigError as exc:  # the replicas need more CPUs than the cluster has: one line, at once
-            print(exc, file=sys.stderr)
+        except (ConfigError, DeployError) as exc:  # more CPUs than the cluster has (at once), or Ray's reason the
+            print(exc, file=sys.stderr)             # replicas did not run within --ray-deploy-timeout: one line
             return 2
-        return 0
+        return 0  # SIGINT / SIGTERM: stopped cleanly
     try:
         serve(config)
     except ServeError as exc:  # the port is busy: one line, before any model loaded

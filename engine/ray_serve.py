@@ -46,6 +46,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -86,6 +87,8 @@ from .server import ServerConfig, create_app
 
 logger = logging.getLogger("veil.engine")
 FRONT_APP, FRONT, REPORT_S = "veil", "VeilFront", 0.5
+READY_PROBE_S = 2.0  # how long /v2/health/ready waits for one model's running replica to answer
+DEPLOY_POLL_S = 1.0  # how often `veil serve --ray` reads serve.status() while its applications deploy
 HE_WORKER_START_S = 60.0  # how long a replica waits for its HE workers to start before it serves without them
 REPLICA_HEADER = b"veil-replica"  # which replica answered (response header)
 MULTIPLEX_HEADER = "serve_multiplexed_model_id"
@@ -105,6 +108,8 @@ class RayConfig(Config):
         max_ongoing_requests (int): requests one replica takes at once; Ray queues the rest.
         he_workers (int): evaluation workers per HE model replica (veil.engine.he_fanout); 0: none.
         he_worker_cpus (float): CPUs each HE evaluation worker reserves.
+        deploy_timeout_s (float): how long `veil serve --ray` waits for every application to run before it deletes
+            them and exits 2 with Ray's reason.
     """
 
     ray_address: str = field("", "Ray cluster to join ('auto', 'ray://HOST:10001'); empty: start a local one")
@@ -117,6 +122,8 @@ class RayConfig(Config):
     he_workers: int = field(0, "Ray actors each HE model replica splits a multi-ciphertext latency request over "
                                "(0: the replica evaluates everything itself)")
     he_worker_cpus: float = field(1.0, "CPUs each HE evaluation worker reserves")
+    deploy_timeout_s: float = field(300.0, "seconds `veil serve --ray` waits for every model's replicas to run "
+                                           "before it stops and exits 2 with Ray's reason")
 
     def validate(self) -> None:
         if self.replicas < 0 or self.min_replicas < 0 or self.max_replicas < 0:
@@ -131,6 +138,9 @@ class RayConfig(Config):
         if self.he_workers < 0 or self.he_worker_cpus <= 0:
             raise ConfigError(f"RayConfig: expected he_workers >= 0 and he_worker_cpus > 0, received "
                               f"{self.he_workers} and {self.he_worker_cpus}")
+        if self.deploy_timeout_s <= 0:
+            raise ConfigError(f"RayConfig.deploy_timeout_s: expected > 0 (--ray-deploy-timeout), received "
+                              f"{self.deploy_timeout_s}")
         if self.replica_cpus <= 0 or self.max_ongoing_requests < 1 or self.target_ongoing_requests <= 0:
             raise ConfigError(f"RayConfig: expected replica_cpus > 0, max_ongoing_requests >= 1 and "
                               f"target_ongoing_requests > 0, received {self.replica_cpus}, "
@@ -447,14 +457,26 @@ class VeilFront(_Board):
         return handle.options(multiplexed_model_id=adapter) if adapter else handle
 
     async def model_states(self) -> dict[str, bool]:
-        """Per deployed model: whether one of its replicas says its model is ready."""
-        states = {}
-        for name in self.models:
+        """Per deployed model: whether one of its replicas says its model is ready.
+
+        A model without a running replica is not ready, and is not asked (a handle call would wait for a replica
+        that may never start: /v2/health/ready hung while Ray waited for CPUs; issue 31 item 12); a running
+        replica that does not answer within ``READY_PROBE_S`` is not ready either."""
+        apps = (await asyncio.to_thread(serve.status)).applications
+
+        async def one(name: str) -> bool:
+            app = apps.get(model_app_name(name))
+            if app is None or not any(running_replicas(d) for d in app.deployments.values()):
+                return False
+            response = self.model_handle(name).ready.remote()
             try:
-                states[name] = await self.model_handle(name).ready.remote()
-            except Exception:  # not deployed (unloaded) or no replica up yet
-                states[name] = False
-        return states
+                return bool(await asyncio.wait_for(asyncio.ensure_future(response), READY_PROBE_S))
+            except Exception:  # timed out, or the replica is stopping: not ready
+                with contextlib.suppress(Exception):
+                    response.cancel()
+                return False
+
+        return dict(zip(self.models, await asyncio.gather(*(one(name) for name in self.models)), strict=True))
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         app = FastAPI(title="veil (Ray Serve)", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
@@ -655,26 +677,118 @@ def check_cluster_cpus(repo: str | Path, ray: RayConfig, available: float) -> No
                           "--he-workers, or join a larger cluster with --ray-address")
 
 
+def _state(value: Any) -> str:
+    """A Ray status enum (or its string) as its plain value: 'RUNNING', 'DEPLOY_FAILED'..."""
+    return str(getattr(value, "value", value))
+
+
+def running_replicas(deployment: Any) -> int:
+    """How many replicas of a ``DeploymentStatusOverview`` are RUNNING."""
+    return sum(n for state, n in deployment.replica_states.items() if _state(state) == "RUNNING")
+
+
+def deploy_reason(status: Any, names: list[str]) -> str:
+    """One line: why the applications ``names`` are not running, in Ray's words (each application's and each
+    unhealthy deployment's status message, e.g. "... replicas that have taken more than 30s to be scheduled ...
+    Resources required for each replica: ..."), '' when they all run."""
+    reasons = []
+    for name in names:
+        app = status.applications.get(name)
+        if app is None:
+            reasons.append(f"{name}: not deployed")
+            continue
+        if _state(app.status) == "RUNNING":
+            continue
+        parts = [app.message] if app.message else []
+        for deployment, d in app.deployments.items():
+            if _state(d.status) != "HEALTHY":
+                parts.append(f"deployment {deployment} {_state(d.status)}, {running_replicas(d)} replicas running"
+                             + (f": {d.message}" if d.message else ""))
+        reasons.append(f"{name} {_state(app.status)}" + (f" ({'; '.join(parts)})" if parts else ""))
+    return " ".join("; ".join(reasons).split())  # Ray's messages span lines: one line
+
+
+class DeployError(RuntimeError):
+    """`veil serve --ray`: the applications did not all run (Ray said DEPLOY_FAILED, or the deploy timed out)."""
+
+
+def wait_until_running(names: list[str], timeout_s: float, stop: threading.Event) -> bool:
+    """Poll serve.status() until every application in ``names`` is RUNNING (True) or ``stop`` is set (False).
+
+    Raises:
+        DeployError: an application's deploy failed, or they were not all running after ``timeout_s``; the
+            message gives Ray's reason and the flag to change.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = serve.status()
+        reason = deploy_reason(status, names)
+        if not reason:
+            return True
+        if any(_state(getattr(status.applications.get(n), "status", "")) == "DEPLOY_FAILED" for n in names):
+            raise DeployError(f"veil serve --ray: the deploy failed: {reason}")
+        if time.monotonic() >= deadline:
+            raise DeployError(f"veil serve --ray: the models were not running after {timeout_s:g} s "
+                              f"(--ray-deploy-timeout): {reason}")
+        if stop.wait(min(DEPLOY_POLL_S, max(0.0, deadline - time.monotonic()))):
+            return False
+
+
+def _delete_apps(names: list[str], timeout_s: float) -> None:
+    """Delete veil's applications (the models first, then the front), waiting at most ``timeout_s`` for them."""
+    for name in names:
+        with contextlib.suppress(Exception):  # already gone
+            serve.delete(name, _blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if not set(names) & set(serve.status().applications):
+                return
+        time.sleep(min(DEPLOY_POLL_S, timeout_s))
+    logger.warning("veil serve --ray: applications still being deleted after %g s: %s", timeout_s, names)
+
+
 def serve_ray(config: ServerConfig, ray_config: RayConfig) -> None:
-    """`veil serve --ray`: join (or start) a Ray cluster, deploy the repository, serve until SIGINT/SIGTERM,
-    then delete veil's applications (a local cluster is stopped with this process)."""
+    """`veil serve --ray`: join (or start) a Ray cluster, deploy the repository, wait (at most
+    ``deploy_timeout_s``) for it to run, serve until SIGINT/SIGTERM, then delete veil's applications (a local
+    cluster is stopped with this process).
+
+    The first SIGINT or SIGTERM, also while deploying, stops it cleanly (Ray's driver turns SIGTERM into an exit
+    inside whatever it is doing, which aborted; issue 31 item 12).
+
+    Raises:
+        ConfigError: the replicas reserve more CPUs than the cluster has (nothing is deployed).
+        DeployError: the applications did not all run in time, or Ray failed them (they are deleted first).
+    """
     import ray
 
+    stop = threading.Event()
     ray.init(address=ray_config.ray_address or None, include_dashboard=False, log_to_driver=False)
+    previous = {}  # signal handlers can only be set from the main thread (embedding callers stop it otherwise)
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    names: list[str] = []
     try:
         check_cluster_cpus(config.repo, ray_config, ray.cluster_resources().get("CPU", 0.0))
         serve.start(http_options={"host": config.host, "port": config.port})
         targets = app(config.repo, config, ray_config)
-        serve.run_many(targets)
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        names = [t.name for t in reversed(targets)]  # deleted in this order: the models, then the front
+        print(f"veil serve --ray: deploying {len(targets) - 1} models (waiting up to {ray_config.deploy_timeout_s:g} "
+              "s for their replicas, --ray-deploy-timeout)", file=sys.stderr, flush=True)
+        serve.run_many(targets, wait_for_applications_running=False)
+        if not wait_until_running(names, ray_config.deploy_timeout_s, stop):
+            return
         grpc_port = serve.get_app_handle(FRONT_APP).grpc_port.remote().result()
         grpc = f", gRPC {config.host}:{grpc_port}" if grpc_port is not None else ""
         print(f"veil serve --ray: {len(targets) - 1} models on http://{config.host}:{config.port}{grpc} "
               f"(Ray {ray.__version__})", flush=True)
-        stop.wait()
-        for target in reversed(targets):
-            serve.delete(target.name)
+        while not stop.wait(1.0):
+            pass
     finally:
-        ray.shutdown()
+        try:
+            if names:
+                _delete_apps(names, config.graceful_timeout_s)
+        finally:
+            ray.shutdown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
