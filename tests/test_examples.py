@@ -32,6 +32,15 @@ def test_train_uldnet_own_data_npz(tmp_path) -> None:
     assert "'depth_total': 6" in out
 
 
+def test_uldnet_photos32(tmp_path) -> None:
+    out = run("uldnet_photos32.py", "--width", "4", "--depth", "1", "--epochs", "3", "--train-size", "2400",
+              "--workdir", str(tmp_path))
+    assert "PolyResNet width 4, 1 blocks per stage: 37 levels, test accuracy:" in out
+    assert 'input contract: {"dtype": "float32"' in out and "standardisation" in out
+    assert "argmax agreement with PyTorch 100.00 %" in out
+    assert (tmp_path / "models" / "photos32" / "1" / "model.onnx").is_file()
+
+
 def test_serve_and_query() -> None:
     out = run("serve_and_query.py")
     assert out.startswith("affine -> y [1, 3]:")
@@ -70,7 +79,7 @@ def test_forecast(tmp_path) -> None:
 
 def test_every_example_is_tested() -> None:
     tested = {"train_polycnn_digits.py", "train_uldnet_own_data.py", "serve_and_query.py", "export_polycnn.py",
-              "export_minilm.py", "encrypted_inference.py", "finetune_lora_minilm.py",
+              "export_minilm.py", "encrypted_inference.py", "finetune_lora_minilm.py", "uldnet_photos32.py",
               # tested beside their rooms: tests/training/{lm,optim,rl}/test_example.py,
               # tests/training/compress/test_example_svd.py and compress/{heapr,safety}/test_example.py,
               # tests/codec/test_examples.py, tests/posterior/test_example.py, tests/algorithms/test_examples.py
