@@ -145,13 +145,13 @@ def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bit
                          "refresh_s": sum(r.get("refresh_seconds", 0.0) for r in rounds) / n,
                          "network_s": (sum(r["http_seconds"] for r in rounds) - server) / n, "total_s": (t3 - t0) / n,
                          "bytes": [(r["request_bytes"], r["result_bytes"]) for r in rounds],
-                         "round_server_s": [r["server_seconds"] / n for r in rounds]})
+                         "round_server_s": [r["server_seconds"] for r in rounds]})  # per request
     logits = np.concatenate(logits)
     seg = manifest["segmentation"]
     predicted = [s["cost"]["predicted_seconds"] for s in seg.get("segments", [])]
     per_round = [{"round": k, "request_bytes": int(statistics.median(r["bytes"][k][0] for r in rows)),
                   "result_bytes": int(statistics.median(r["bytes"][k][1] for r in rows)),
-                  "server_s": statistics.median(r["round_server_s"][k] for r in rows),
+                  "server_s_per_request": statistics.median(r["round_server_s"][k] for r in rows),
                   "predicted_s": predicted[k] if k < len(predicted) else None}
                  for k in range(manifest["rounds"])]
     return {
@@ -246,10 +246,12 @@ def _row(label: str, r: dict[str, Any]) -> str:
 def _details(label: str, r: dict[str, Any]) -> str:
     if "skipped" in r:
         return f"{label}: {r['skipped']}."
-    return (f"{label}: bytes per round (median request) and server seconds per image against the cost model's "
-            f"prediction (he/cost.py): " + "; ".join(
-        f"round {b['round']}: {b['request_bytes'] / 2**20:.2f} MiB in, {b['result_bytes'] / 2**20:.2f} MiB out, "
-        f"{b.get('server_s', float('nan')):.2f} s (predicted {b.get('predicted_s') or float('nan'):.2f} s)"
+    return (f"{label}: bytes per round and server seconds per request (median request, "
+            f"{r.get('images_per_request', '?')} images) against the cost model's prediction for a request "
+            f"(he/cost.py): " + "; ".join(
+        f"round {b['round']}: {b['request_bytes'] / 2**20:.2f} MiB in, {b['result_bytes'] / 2**20:.2f} MiB out"
+        + (f", {b['server_s_per_request']:.2f} s (predicted {b['predicted_s']:.2f} s)"
+           if b.get("server_s_per_request") is not None and b.get("predicted_s") is not None else "")
         for b in r["bytes_per_round"]) + f". Key sets (all rounds) {r['key_bytes'] / 2**20:.1f} MiB; keygen + "
         f"registration {r['keygen_register_s']:.1f} s; export + segmented compile {r['export_compile_s']:.1f} s. "
         f"Why these cuts: {r['why'].split(' (', 1)[0]}; " + r["why"].rsplit("); ", 1)[-1] + ".")
