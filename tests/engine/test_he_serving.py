@@ -106,6 +106,45 @@ def test_refusals_keep_the_server_serving(live, tmp_path) -> None:
     assert logits.shape == (1, 3)
 
 
+def test_seeded_ciphertexts_are_evaluated_and_broken_ones_refused_with_400(he_repo, live, tmp_path) -> None:
+    """Issue 35.4: the client encrypts symmetrically and ships SEAL's seeded ciphertexts (about half the bytes);
+    the server expands and evaluates them to the plaintext result, and a truncated or malformed seeded ciphertext
+    inside a well-formed envelope is a 400 that leaves the server serving."""
+    from veil.he.envelope import open_envelope, seal_envelope
+    from veil.he.serialize import CIPHERTEXTS_MAGIC, CIPHERTEXTS_VERSION, pack, unpack
+
+    repo, data = he_repo
+    session = HeSession.create(live, "tiny-he", tmp_path / "k.keyring")
+    x = data.x_test[:1]
+    request = session.encrypt(x)
+    env = open_envelope(request)
+    _, header, body = unpack(env.payload, CIPHERTEXTS_MAGIC, (CIPHERTEXTS_VERSION,), ValueError, "cts")
+    blob = body  # one ciphertext: the whole body
+    params = session.keyring.params
+    unseeded = 2 * params.poly_modulus_degree * len(params.coeff_mod_bit_sizes[:-1]) * 8
+    assert header["count"] == 1 and len(blob) < 0.6 * unseeded  # seeded: one polynomial and a seed, not two
+    logits = session.decrypt(session.infer(request))
+    assert np.array_equal(logits.argmax(1), reference(repo, x).argmax(1))
+
+    def resealed(payload_blob: bytes) -> bytes:
+        payload = pack(CIPHERTEXTS_MAGIC, CIPHERTEXTS_VERSION, {"count": 1, "lengths": [len(payload_blob)]},
+                       payload_blob)
+        return seal_envelope(payload, kind="request", key_id=env.key_id, params_hash=env.params_hash,
+                             plan_hash=env.plan_hash, meta=env.meta)
+
+    # (a flipped byte inside the polynomial is a valid ciphertext of something else: the envelope's SHA-256 is
+    # what catches that in transit, and it was recomputed here)
+    for what, broken in (("half", blob[: len(blob) // 2]), ("one byte short", blob[:-1]),
+                         ("zeroed", blob[:16] + b"\x00" * (len(blob) - 16))):
+        try:
+            session.infer(resealed(broken))
+        except ServerError as exc:
+            assert "HTTP 400" in str(exc), what
+        else:
+            raise AssertionError(f"{what}: accepted")
+    assert np.array_equal(session.decrypt(session.infer(request)), logits)  # still serving, same result
+
+
 # -- issue 19: a hostile client and a clumsy operator ------------------------------------------------------
 @pytest.fixture(scope="module")
 def app_client(he_repo, oip, tmp_path_factory):
