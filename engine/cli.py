@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     from .server import ServeError, serve  # fastapi and onnxruntime: imported once the server starts
 
     if ray is not None:
-        from .ray_serve import DeployError, serve_ray
+        from .errors import DeployError
+        from .ray_serve import serve_ray
 
         try:
             serve_ray(config, ray)

@@ -151,6 +151,12 @@ class AdapterNotFound(ModelNotFound):
     """The request names an adapter the model does not have (HTTP 404)."""
 
 
+class DeployError(EngineError):
+    """`veil serve --ray`: the applications did not all run (Ray said DEPLOY_FAILED, or the deploy timed out)."""
+
+    status_code = 503
+
+
 class ReplicaError(EngineError):
     """An error a model replica answered (``veil serve --ray``), passed on by the front with the replica's status
     and message, so a client sees what ``veil serve`` alone would have said."""

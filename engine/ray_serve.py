@@ -65,6 +65,7 @@ from veil.config import Config, ConfigError, field
 from . import proto
 from .dataplane import DataPlane
 from .errors import (
+    DeployError,
     EngineError,
     ModelNotFound,
     ReplicaError,
@@ -706,10 +707,6 @@ def deploy_reason(status: Any, names: list[str]) -> str:
                              + (f": {d.message}" if d.message else ""))
         reasons.append(f"{name} {_state(app.status)}" + (f" ({'; '.join(parts)})" if parts else ""))
     return " ".join("; ".join(reasons).split())  # Ray's messages span lines: one line
-
-
-class DeployError(RuntimeError):
-    """`veil serve --ray`: the applications did not all run (Ray said DEPLOY_FAILED, or the deploy timed out)."""
 
 
 def wait_until_running(names: list[str], timeout_s: float, stop: threading.Event) -> bool:
