@@ -16,7 +16,7 @@ Choice of cuts (:func:`compile_segmented`): exact dynamic programming over the c
 :func:`veil.he.cost.objective` (predicted seconds of the segments' key switches and products, each refresh
 round's client work, the keys' one-time generation and upload amortized), among the cuttings whose keys fit
 ``max_key_bytes`` (if none does, the one with the fewest key bytes is refused with that figure). So a refresh
-round that lets the next segment run at a smaller ring (ring operations ~8x cheaper, keys ~6x smaller from
+round that lets the next segment run at a smaller ring (a rotation ~7x cheaper, keys ~6x smaller from
 N = 32768 to 16384) is taken when it is cheaper end to end. A segment [c_i, c_j] is
 feasible when it compiles within a 128-bit set; for a fixed start its levels never decrease as the end
 moves later (every op adds >= 0 levels, and the output at c_j costs at most the linear op the longer
