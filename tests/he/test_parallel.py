@@ -1,0 +1,103 @@
+"""ParallelEvaluator (he/parallel.py): one request over forked processes agrees with the serial PlanEvaluator.
+
+Plans are the tiny exported test models at N = 8192; ``min_rotations=1`` forces every linear op onto the workers.
+Tolerance: both paths decrypt to the ONNX Runtime outputs within the serial path's own 1e-2 (tests/he/test_evaluate.py);
+the two differ only by the order of additions, measured ~1e-6.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from veil.he.compile import compile
+from veil.he.evaluate import PlanEvaluator
+from veil.he.keys import SecretKeyring
+from veil.he.parallel import ParallelEvaluator
+
+_SPEC = importlib.util.spec_from_file_location("he_test_compile_p", Path(__file__).with_name("test_compile.py"))
+_MODELS = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_MODELS)
+TOLERANCE = 1e-2
+
+
+@pytest.fixture(scope="module")
+def conv():
+    model = _MODELS.exported("conv")
+    plan = compile(model, mode="latency")
+    params = plan.parameters()
+    assert params.poly_modulus_degree == 8192
+    ring = SecretKeyring.generate(params, plan.galois_steps)
+    x = np.random.default_rng(3).normal(size=(2, 1, 8, 8))
+    return plan, params, ring, ring.evaluation_keys(), x, _MODELS.ort_run(model, x)
+
+
+def _decrypted(evaluator, plan, ring, keys, x, cts=None):
+    out = evaluator.run(cts if cts is not None else ring.encrypt(plan.encode_inputs(x)), keys)
+    return plan.decode_outputs(ring.decrypt(out), len(x))
+
+
+def test_parallel_agrees_with_serial(conv) -> None:
+    plan, params, ring, keys, x, reference = conv
+    cts = ring.encrypt(plan.encode_inputs(x))
+    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
+    parallel = ParallelEvaluator(plan, params, processes=3, min_rotations=1)
+    try:
+        assert len(parallel.worker_pids()) == 2
+        shares = [parallel.partition(enc, 3) for op, enc in zip(plan.ops, parallel.encoded, strict=True)
+                  if op["op"] == "linear"]
+        assert any(s is not None for s in shares)  # at least one op really splits
+        for _ in range(2):  # the second call reuses the keys the workers hold
+            got = _decrypted(parallel, plan, ring, keys, x, cts)
+            np.testing.assert_allclose(got, serial, atol=1e-4, rtol=0)
+            np.testing.assert_allclose(got, reference, atol=TOLERANCE, rtol=0)
+        assert parallel.failures == 0
+    finally:
+        parallel.close()
+
+
+def test_one_process_is_the_serial_path(conv) -> None:
+    plan, params, ring, keys, x, reference = conv
+    evaluator = ParallelEvaluator(plan, params, processes=1, min_rotations=1)
+    assert evaluator.workers == [] and evaluator.partition(evaluator.encoded[0] or [], 1) is None
+    np.testing.assert_allclose(_decrypted(evaluator, plan, ring, keys, x), reference, atol=TOLERANCE, rtol=0)
+
+
+def test_crashed_worker_is_survived_and_replaced(conv, caplog) -> None:
+    plan, params, ring, keys, x, reference = conv
+    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
+    try:
+        np.testing.assert_allclose(_decrypted(parallel, plan, ring, keys, x), reference, atol=TOLERANCE, rtol=0)
+        (pid,) = parallel.worker_pids()
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        with caplog.at_level("WARNING", logger="veil.he"):
+            got = _decrypted(parallel, plan, ring, keys, x)  # the dead worker's share is recomputed here
+        np.testing.assert_allclose(got, reference, atol=TOLERANCE, rtol=0)
+        assert parallel.failures >= 1 and sum("logged once" in r.message for r in caplog.records) == 1
+        got = _decrypted(parallel, plan, ring, keys, x)  # the next request forks a fresh pool
+        assert parallel.worker_pids() and parallel.worker_pids()[0] != pid
+        np.testing.assert_allclose(got, reference, atol=TOLERANCE, rtol=0)
+    finally:
+        parallel.close()
+
+
+def test_independent_ciphertexts_on_workers(conv) -> None:
+    plan, params, ring, keys, _, _ = conv
+    images = plan.batch_capacity + 3  # two ciphertexts, each a whole evaluation
+    x = np.random.default_rng(5).normal(size=(images, 1, 8, 8))
+    cts = ring.encrypt(plan.encode_inputs(x))
+    assert len(cts) == 2
+    parallel = ParallelEvaluator(plan, params, processes=2)
+    try:
+        got = plan.decode_outputs(ring.decrypt(parallel.run(cts, keys)), images)
+        want = plan.decode_outputs(ring.decrypt(PlanEvaluator(plan, params).run(cts, keys)), images)
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+        assert parallel.failures == 0
+    finally:
+        parallel.close()
