@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 import onnx
+import scipy.sparse as sp
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from veil.he.errors import HEError, ParameterError
 from veil.he.layout import pack_latency
-from veil.he.lowering import Affine, Builder
+from veil.he.lowering import Affine, Builder, identity, sparse
 from veil.he.packing import key_manifest, next_pow2, parse_key_mode, rotation_counts, rotation_uses
 from veil.he.plan import FORMAT, Mode, Plan
 
@@ -89,7 +90,7 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
                            f"received {[d.dim_param or d.dim_value for d in source.type.tensor_type.shape.dim]}")
     builder = Builder()
     features = int(np.prod(shape))
-    tensors: dict[str, Any] = {source.name: Affine({builder.input(features, shape): np.eye(features)},
+    tensors: dict[str, Any] = {source.name: Affine({builder.input(features, shape): identity(features)},
                                                    np.zeros(features), shape)}
     consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     opsets = list(model.opset_import)
@@ -122,7 +123,8 @@ def finish(builder: Builder, source: dict[str, Any], target: dict[str, Any], mod
 
     levels = max(v["level"] for v in builder.values.values())
     packed = pack_latency(builder, source["value"]) if mode == "latency" else \
-        {"ops": builder.ops, "values": builder.values, "tensors": builder.tensors, "period": 0, "window": 0}
+        {"ops": builder.ops, "values": builder.values, "period": 0, "window": 0,  # dense (out, in) weights
+         "tensors": {k: v.toarray() if sp.issparse(v) else v for k, v in builder.tensors.items()}}
     try:
         params = select_parameters(levels, precision_bits=precision_bits, min_slots=packed["period"])
     except ParameterError as exc:
@@ -182,7 +184,7 @@ def _lower(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str, np.n
         va = builder.materialize(a, name)
         vb = va if b is a else builder.materialize(b, name)  # x * x: one linear op, then a square
         value = builder.mul(va, vb, name)
-        tensors[node.output[0]] = Affine({value: np.eye(a.features)}, np.zeros(a.features), a.shape)
+        tensors[node.output[0]] = Affine({value: identity(a.features)}, np.zeros(a.features), a.shape)
         return
     if node.op_type in ("Add", "Sub") and len(dynamic) == 2:
         a, b = tensors[node.input[0]], tensors[node.input[1]]
@@ -242,18 +244,27 @@ def _lower_gathered_conv(node: onnx.NodeProto, tensors: dict[str, Any], consts: 
         return None                                            # conv's block: fewer images per ciphertext
     conv = _affine_node(node, node.name or node.output[0], x, node.input[0], consts, opsets)
     (value, dense), = conv.terms.items()
-    rows = np.arange(out_channels)[:, None] * positions + np.arange(len(index))[None, :] % positions  # (O, cols)
-    cols = np.broadcast_to(np.arange(len(index)), rows.shape)
-    valid = np.broadcast_to(index >= 0, rows.shape)
-    patches = np.zeros((dense.shape[0], len(index)))
-    patches[rows[valid], cols[valid]] = dense[rows[valid], np.broadcast_to(index, rows.shape)[valid]]
-    select = np.zeros((len(index), x.features))
-    select[np.flatnonzero(index >= 0), index[index >= 0]] = 1.0
-    if not np.allclose(patches @ select, dense, rtol=1e-9, atol=1e-12):
+    rows, entry, taps = _conv_taps(weight, index, positions)
+    patches = sparse(sp.csr_array((taps, (rows, entry)), shape=(dense.shape[0], len(index))))
+    valid = np.flatnonzero(index >= 0)
+    select = sp.csr_array((np.ones(len(valid)), (valid, index[valid])), shape=(len(index), x.features))
+    error = abs(patches @ select - dense)
+    if error.nnz and error.max() > 1e-9 * max(abs(dense).max(), 1e-300):
         return None  # the conv's matrix is not tap-local in this order: keep the plain lowering
     builder.values[value].update(features=len(index), shape=list(patch_shape))
     tensors[node.output[0]] = Affine({value: patches}, conv.bias, conv.shape)
     return index.tolist()
+
+
+def _conv_taps(weight: np.ndarray, index: np.ndarray, positions: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A conv's products as (output row, patch entry, tap weight): patch entry k P + p (tap k, output position p,
+    :func:`im2col_gather` order; padding left out) of output channel o lands on row o P + p with weight W[o, k]."""
+    out_channels = weight.shape[0]
+    entry = np.flatnonzero(index >= 0)
+    k, p = np.divmod(entry, positions)
+    rows = (np.arange(out_channels)[:, None] * positions + p[None, :]).reshape(-1)
+    taps = weight.reshape(out_channels, -1).astype(np.float64)[:, k].reshape(-1)
+    return rows, np.tile(entry, out_channels), taps
 
 
 def _broadcast(x: Affine, shape: tuple[int, ...], gain: float) -> Affine:
@@ -261,8 +272,8 @@ def _broadcast(x: Affine, shape: tuple[int, ...], gain: float) -> Affine:
     if x.shape == shape and gain == 1.0:
         return x
     source = np.broadcast_to(np.arange(x.features).reshape(x.shape), shape).reshape(-1)
-    matrix = np.zeros((len(source), x.features))
-    matrix[np.arange(len(source)), source] = gain
+    matrix = sp.csr_array((np.full(len(source), gain), (np.arange(len(source)), source)),
+                          shape=(len(source), x.features))
     return x.then(matrix, np.zeros(len(source)), shape)
 
 
@@ -303,27 +314,72 @@ def _lower_veil(node: onnx.NodeProto, name: str, tensors: dict[str, Any], consts
     return builder.polynorm(x, weight, bias, attrs, name)
 
 
+PROBE_BYTES = 1 << 28  # the identity basis is pushed through a node in chunks of at most this many output bytes
+
+
 def _affine_node(node: onnx.NodeProto, name: str, x: Affine, x_name: str, consts: dict[str, np.ndarray],
                  opsets: list[onnx.OperatorSetIdProto]) -> Affine:
-    """The node as ``z -> A z + b`` on flattened samples, composed after ``x``."""
+    """The node as ``z -> A z + b`` on flattened samples (A sparse), composed after ``x``.
+
+    A 2-D Conv's matrix is built from its weights (:func:`_conv_matrix`); any other node is run on the identity
+    basis in chunks (memory bounded by :data:`PROBE_BYTES`, not F_in x F_out). Either way the node is then run
+    on a random input and must match: that is the check that it is affine and that the matrix is right.
+    """
     n = x.features
-    basis = np.concatenate([np.eye(n), np.zeros((1, n))]).reshape(n + 1, *x.shape)  # (n + 1, *shape)
-    probe = np.random.default_rng(0).normal(size=(1, *x.shape))
     feeds = {i: consts[i].astype(np.float64) if consts[i].dtype == np.float32 else consts[i]
              for i in node.input if i and i != x_name}
+    probe = np.random.default_rng(0).normal(size=(1, *x.shape))
     try:
-        out = _run(node, {**feeds, x_name: basis}, opsets)[0]
+        zero = _run(node, {**feeds, x_name: np.zeros((1, *x.shape))}, opsets)[0]
         check = _run(node, {**feeds, x_name: probe}, opsets)[0]
+        built = _conv_matrix(node, x.shape, consts)
+        if built is not None:
+            matrix, bias = built
+        else:
+            bias = zero.reshape(-1)
+            chunk = max(1, min(n, PROBE_BYTES // (8 * max(bias.size, n))))
+            rows, cols, vals = [], [], []
+            for start in range(0, n, chunk):
+                stop = min(n, start + chunk)
+                basis = np.zeros((stop - start, n))
+                basis[np.arange(stop - start), np.arange(start, stop)] = 1.0
+                out = _run(node, {**feeds, x_name: basis.reshape(-1, *x.shape)}, opsets)[0]
+                out = out.reshape(stop - start, -1) - bias
+                j, i = np.nonzero(out)
+                rows.append(i)
+                cols.append(j + start)
+                vals.append(out[j, i])
+            matrix = sp.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                                  shape=(bias.size, n))
     except Exception as exc:  # the reference evaluator's errors are generic; name the node
         raise CompileError(f"node {name!r} ({node.op_type}): could not be evaluated per sample "
                            f"(is the batch dimension dynamic?): {exc}") from exc
-    rows = out.reshape(n + 1, -1)
-    bias = rows[n]
-    matrix = (rows[:n] - bias).T  # (F_out, F_in)
     if not np.allclose(check.reshape(-1), matrix @ probe.reshape(-1) + bias, rtol=1e-6, atol=1e-8):
         raise CompileError(f"node {name!r} ({node.op_type}) is not affine in its input; "
                            "only polynomial ops are supported in encrypted inference")
-    return x.then(matrix, bias, tuple(out.shape[1:]))
+    return x.then(matrix, bias, tuple(zero.shape[1:]))
+
+
+def _conv_matrix(node: onnx.NodeProto, shape: tuple[int, ...], consts: dict[str, np.ndarray]
+                 ) -> tuple[sp.csr_array, np.ndarray] | None:
+    """(matrix, bias) of a 2-D, ungrouped Conv with constant weights on a (C, H, W) sample, from its weights
+    and :func:`im2col_gather`; None for any other node (it is probed instead)."""
+    if node.op_type != "Conv" or node.domain or len(shape) != 3 or len(node.input) < 2 \
+            or node.input[1] not in consts:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    weight = consts[node.input[1]]
+    if weight.ndim != 4 or weight.shape[1] != shape[0] or attrs.get("group", 1) != 1 \
+            or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    index, patch_shape = im2col_gather(shape, tuple(weight.shape[2:]), tuple(attrs.get("strides", (1, 1))),
+                                       tuple(attrs.get("pads", (0, 0, 0, 0))), tuple(attrs.get("dilations", (1, 1))))
+    out_channels, positions = weight.shape[0], int(np.prod(patch_shape[1:]))
+    rows, entry, taps = _conv_taps(weight, index, positions)
+    matrix = sp.csr_array((taps, (rows, index[entry])), shape=(out_channels * positions, int(np.prod(shape))))
+    bias = consts[node.input[2]].astype(np.float64) if len(node.input) > 2 and node.input[2] else \
+        np.zeros(out_channels)
+    return matrix, np.repeat(bias, positions)
 
 
 def _run(node: onnx.NodeProto, feeds: dict[str, np.ndarray], opsets: list[onnx.OperatorSetIdProto]) -> list[np.ndarray]:

@@ -115,7 +115,7 @@ class PlanEvaluator:
         biases = [self.plan.tensors[b] for b in op["biases"]]
         if not latency:  # scalar weights are encoded at run time (N * L words each; see docs/he.md)
             return [([chain.encode(float(c), level - 1, chain.scale * q) for c in bias],
-                     [split_background(self.plan.tensors[name], allow=True) for name in row])
+                     [_dense_split(self.plan.tensors[name]) for name in row])
                     for bias, row in zip(biases, op["weights"], strict=True)]
         modulus, signed = op["split"]["modulus"], op["split"]["signed"]
         outputs = []
@@ -304,6 +304,12 @@ def _accumulate(ev: sa.Evaluator, total: Ct | None, term: Ct) -> Ct:
         return term
     ev.add_inplace(total, term)
     return total
+
+
+def _dense_split(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`split_background` of a throughput weight matrix, its sparse part as dense rows (one per feature)."""
+    rest, w = split_background(matrix, allow=True)
+    return rest.toarray(), w
 
 
 def _scalar_linear(chain: Chain, op: dict[str, Any], xs: list[list[Ct]], encoded: list) -> list[list[Ct]]:

@@ -35,8 +35,12 @@ import math
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
+from veil.he.lowering import Matrix, entries, identity, sparse
 from veil.he.packing import best_split, block_vector, fold_steps, next_pow2, residue
+from veil.he.params import POLY_MODULUS_DEGREES
 
+MAX_SLOTS = POLY_MODULUS_DEGREES[-1] // 2  # the largest 128-bit ring's slots: a layout's block must fit them
 BACKGROUND = 0.5  # a column's most common value is broadcast when it fills at least this share of its rows
 PRODUCTS_PER_ROTATION = 20  # a plaintext product costs about 1/20 of a rotation (he.md §7: 0.4 vs 7.8 ms)
 
@@ -108,19 +112,35 @@ def candidates(shape: tuple[int, ...], inputs: list[Layout]) -> list[Layout]:
     return list(unique.values())
 
 
-def split_background(matrix: np.ndarray, allow: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """``matrix = sparse + 1 w^T``: w the columns' common value where it fills most rows (else 0)."""
-    if not allow or matrix.shape[0] < 4:
-        return matrix, None
-    tol = 1e-12 * max(float(np.abs(matrix).max()), 1e-300)
-    w = np.median(matrix, axis=0)
-    background = np.abs(matrix - w[None, :]) <= tol
-    w = np.where((background.mean(axis=0) >= BACKGROUND) & (np.abs(w) > tol), w, 0.0)
+def split_background(matrix: Matrix, allow: bool) -> tuple[sp.csr_array, np.ndarray | None]:
+    """``matrix = sparse + 1 w^T``: w the columns' common value where it fills most rows (else 0).
+
+    Only a column with non-zeros in at least :data:`BACKGROUND` of its rows can have a non-zero common value, so
+    only those columns are made dense.
+    """
+    m = sparse(matrix)
+    if not allow or m.shape[0] < 4 or not m.nnz:
+        return m, None
+    tol = 1e-12 * max(float(abs(m).max()), 1e-300)
+    filled = np.flatnonzero(np.bincount(m.indices, minlength=m.shape[1]) >= BACKGROUND * m.shape[0])
+    if not len(filled):
+        return m, None
+    columns = m[:, filled].toarray()
+    w = np.median(columns, axis=0)
+    common = (np.abs(columns - w[None, :]) <= tol).mean(axis=0) >= BACKGROUND
+    w = np.where(common & (np.abs(w) > tol), w, 0.0)
     if not np.any(w):
-        return matrix, None
-    sparse = matrix - w[None, :]
-    sparse[np.abs(sparse) <= tol] = 0.0
-    return sparse, w
+        return m, None
+    background = np.zeros(m.shape[1])
+    background[filled] = w
+    rest = m.copy()
+    rest.data[np.abs(rest.data) <= tol] = 0.0
+    shifted = columns - w[None, :]
+    shifted[np.abs(shifted) <= tol] = 0.0
+    keep = np.ones(m.shape[1])
+    keep[filled] = 0.0
+    place = sp.csr_array((np.ones(len(filled)), (np.arange(len(filled)), filled)), shape=(len(filled), m.shape[1]))
+    return sparse(rest @ identity(m.shape[1], keep) + sp.csr_array(shifted) @ place), background
 
 
 class _Groups:
@@ -165,9 +185,10 @@ def pack_latency(builder, in_value: str) -> dict[str, Any]:
             layouts[v] = Layout(np.zeros(1, dtype=np.int64), broadcast=True)
     chosen: dict[str, Layout] = {groups.find(in_value): layouts[in_value]} if in_value in wide else {}
     plans: list[dict[str, Any]] = []
+    windowed = any(op["op"] == "sumsq" for op in ops)
     for index, op in enumerate(ops):
         if op["op"] == "linear":
-            plans.append(_plan_linear(index, op, builder, layouts, groups, chosen, clean))
+            plans.append(_plan_linear(index, op, builder, layouts, groups, chosen, clean, windowed))
             continue
         plans.append({})
         for out in op["outputs"]:
@@ -203,7 +224,7 @@ def _clean_outputs(ops: list[dict[str, Any]], wide: set[str], producer: dict[str
 
 
 def _plan_linear(index: int, op: dict[str, Any], builder, layouts: dict[str, Layout], groups: _Groups,
-                 chosen: dict[str, Layout], clean: set[str]) -> dict[str, Any]:
+                 chosen: dict[str, Layout], clean: set[str], windowed: bool) -> dict[str, Any]:
     """Sparse terms of every (output, input) pair and the output layout with the fewest rotations."""
     values, tensors = builder.values, builder.tensors
     inputs = [layouts[v] for v in op["inputs"]]
@@ -216,11 +237,10 @@ def _plan_linear(index: int, op: dict[str, Any], builder, layouts: dict[str, Lay
         for name in row:
             matrix = tensors[name]
             if one:
-                sparse, w = np.zeros_like(matrix), matrix[0]
+                rest, w = sp.csr_array(matrix.shape), sparse(matrix).toarray()[0]
             else:  # a broadcast input is read in place: its column never needs a block sum
-                sparse, w = split_background(matrix, out not in clean and not inputs[len(terms[-1])].broadcast)
-            r, c = np.nonzero(sparse)
-            terms[-1].append((r, c, sparse[r, c]))
+                rest, w = split_background(matrix, out not in clean and not inputs[len(terms[-1])].broadcast)
+            terms[-1].append(entries(rest))
             broadcast[-1].append(w if w is not None and np.any(w) else None)
     main = next((v for v in op["outputs"] if values[v]["features"] > 1), None)
     layout = None
@@ -229,6 +249,10 @@ def _plan_linear(index: int, op: dict[str, Any], builder, layouts: dict[str, Lay
         if layout is None:
             options = candidates(tuple(values[main]["shape"]), inputs)
             extent = max(int(x.positions.max()) + 1 for x in layouts.values())
+            # a block the largest ring cannot hold (twice the block with a sum of squares' broadcast window)
+            # is taken only when nothing else fits: a strided conv's in-place layout can double it
+            fits = [o for o in options if _block(o, extent) * (2 if windowed else 1) <= MAX_SLOTS]
+            options = fits or options
             costs = [_cost(option, inputs, terms, op, values)[0] * _block(option, extent) for option in options]
             layout = options[int(np.argmin(costs))]
             chosen[groups.find(main)] = layout

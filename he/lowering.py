@@ -23,25 +23,56 @@ import math
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 MAX_SHIFT = 16.0  # |q1 / q2| above this (q2 near 0) would lift y + q1 / q2 out of the integer headroom: twin form
 
 
+Matrix = np.ndarray | sp.sparray
+
+
+def sparse(matrix: Matrix) -> sp.csr_array:
+    """``matrix`` as a CSR array of float64 without stored zeros (a conv's matrix has ~k^2 C entries per row:
+    a dense (F, F) float64 at 32x32x16 would be 2 GiB, and composing two of them ~4 TFLOP)."""
+    out = sp.csr_array(matrix, dtype=np.float64) if sp.issparse(matrix) else \
+        sp.csr_array(np.asarray(matrix, dtype=np.float64))
+    out.eliminate_zeros()
+    out.sort_indices()
+    return out
+
+
+def identity(n: int, gain: float | np.ndarray = 1.0) -> sp.csr_array:
+    """The (n, n) diagonal matrix ``gain`` (a scalar or one value per feature) as CSR."""
+    return sp.diags_array(np.broadcast_to(np.asarray(gain, dtype=np.float64), (n,)), format="csr")
+
+
+def entries(matrix: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, columns, values) of the non-zero entries, row-major."""
+    coo = sparse(matrix).tocoo()
+    return coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data
+
+
 @dataclasses.dataclass
 class Affine:
-    """A pending tensor ``sum_v terms[v] @ value_v + bias`` of per-sample shape ``shape``."""
+    """A pending tensor ``sum_v terms[v] @ value_v + bias`` of per-sample shape ``shape``; the matrices are
+    kept sparse (CSR) whatever they are given as."""
 
-    terms: dict[str, np.ndarray]  # value name -> (F_out, F_value)
+    terms: dict[str, sp.csr_array]  # value name -> (F_out, F_value)
     bias: np.ndarray  # (F_out,)
     shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        self.terms = {v: sparse(a) for v, a in self.terms.items()}
+        self.bias = np.asarray(self.bias, dtype=np.float64).reshape(-1)
 
     @property
     def features(self) -> int:
         return int(self.bias.shape[0])
 
-    def then(self, matrix: np.ndarray, bias: np.ndarray, shape: tuple[int, ...]) -> Affine:
+    def then(self, matrix: Matrix, bias: np.ndarray, shape: tuple[int, ...]) -> Affine:
         """Compose with the affine map ``z -> matrix @ z + bias`` (shape is the new per-sample shape)."""
-        return Affine({v: matrix @ a for v, a in self.terms.items()}, matrix @ self.bias + bias, shape)
+        m = sparse(matrix)
+        return Affine({v: m @ a for v, a in self.terms.items()}, m @ self.bias + bias, shape)
 
     def plus(self, other: Affine) -> Affine:
         terms = dict(self.terms)
@@ -54,9 +85,9 @@ class Affine:
         if len(self.terms) != 1:
             return None
         (value, a), = self.terms.items()
-        if a.shape[0] != a.shape[1] or np.count_nonzero(a - np.diag(np.diag(a))):
+        if a.shape[0] != a.shape[1] or sparse(a - identity(a.shape[0], a.diagonal())).nnz:
             return None
-        return value, np.diag(a).copy()
+        return value, a.diagonal().copy()
 
 
 class Builder:
@@ -65,7 +96,7 @@ class Builder:
     def __init__(self) -> None:
         self.ops: list[dict[str, Any]] = []
         self.values: dict[str, dict[str, int]] = {}
-        self.tensors: dict[str, np.ndarray] = {}
+        self.tensors: dict[str, np.ndarray | sp.csr_array] = {}  # linear weights sparse, vectors dense
         self.producer: dict[str, dict[str, Any]] = {}
 
     # -- values and ops -------------------------------------------------------------------------------
@@ -74,9 +105,9 @@ class Builder:
         self.values[name] = {"features": features, "level": level, "shape": list(shape or (features,))}
         return name
 
-    def tensor(self, array: np.ndarray) -> str:
+    def tensor(self, array: Matrix) -> str:
         name = f"t{len(self.tensors)}"
-        self.tensors[name] = np.asarray(array, dtype=np.float64)
+        self.tensors[name] = sparse(array) if sp.issparse(array) else np.asarray(array, dtype=np.float64)
         return name
 
     def level(self, value: str) -> int:
@@ -112,7 +143,7 @@ class Builder:
         """Materialize ``expr`` (1 level), or return its value when it is the identity on one value."""
         if len(expr.terms) == 1:
             (value, a), = expr.terms.items()
-            if a.shape[0] == a.shape[1] and np.array_equal(a, np.eye(len(a))) and not np.any(expr.bias):
+            if a.shape[0] == a.shape[1] and not sparse(a - identity(a.shape[0])).nnz and not np.any(expr.bias):
                 return value
         inputs = sorted(expr.terms)
         level = max((self.level(v) for v in inputs), default=0) + 1
@@ -125,7 +156,7 @@ class Builder:
         if op["op"] != "linear" or not set(expr.terms) <= set(op["inputs"]):
             raise ValueError(f"extra_output: {value} is not a linear output over {sorted(expr.terms)}")
         out = self.new_value(expr.features, op["level"], expr.shape)
-        zeros = {v: np.zeros((expr.features, self.values[v]["features"])) for v in op["inputs"]}
+        zeros = {v: sp.csr_array((expr.features, self.values[v]["features"])) for v in op["inputs"]}
         op["outputs"].append(out)
         op["weights"].append([self.tensor(expr.terms.get(v, zeros[v])) for v in op["inputs"]])
         op["biases"].append(self.tensor(expr.bias))
@@ -168,7 +199,7 @@ class Builder:
         spread = self.values[value]["features"] == 1 and len(gain) > 1
         if kind == "linear" and not spread:
             k = op["outputs"].index(value)
-            weights = [self.tensor(gain[:, None] * self.tensors[t]) for t in op["weights"][k]]
+            weights = [self.tensor(identity(len(gain), gain) @ self.tensors[t]) for t in op["weights"][k]]
             out = self.new_value(len(gain), op["level"], self.shape(value))
             op["outputs"].append(out)
             op["weights"].append(weights)
@@ -185,7 +216,7 @@ class Builder:
         if kind == "add_const" and self.values[op["inputs"][0]]["features"] == len(gain):
             return self.add_const(self.twin(op["inputs"][0], gain, node), gain * self.tensors[op["const"]], node)
         n = len(gain)
-        matrix = gain[:, None] if self.values[value]["features"] == 1 else np.diag(gain)
+        matrix = gain[:, None] if self.values[value]["features"] == 1 else identity(n, gain)
         return self.linear(Affine({value: matrix}, np.zeros(n), self.shape(value) if not spread else (n,)), node)
 
     def polynorm(self, expr: Affine, weight: np.ndarray, bias: np.ndarray, attrs: dict[str, float],
@@ -199,12 +230,12 @@ class Builder:
         kappa = math.sqrt(math.sqrt(a) * mu / (n * rv))  # sum (kappa d)^2 = sqrt(a) mu Var / Var_bar
         # s = kappa x and m = -kappa E[x] (broadcast): sum (kappa d)^2 = sum s^2 - n m^2 and kappa d = s + m, so
         # the dense centring I - 11^T / n never reaches a matrix (a conv stays sparse)
-        s = self.linear(expr.then(np.eye(n) * kappa, np.zeros(n), expr.shape), node)
+        s = self.linear(expr.then(identity(n, kappa), np.zeros(n), expr.shape), node)
         m = self.extra_output(s, expr.then(np.full((1, n), -kappa / n), np.zeros(1), (1,)))
         t = self.add_const(self.sumsq(s, node, m), np.array([-math.sqrt(a) * b]), node)  # sqrt(a) (mu v - b)
         g = self.add_const(self.mul(t, t, node), np.array([c]), node)  # a (mu v - b)^2 + c
         y = self.add(self.mul(s, g, node), self.mul(m, g, node), node)  # kappa d g; the 1 / kappa stays pending
-        return Affine({y: np.diag(math.sqrt(mu / rv) * weight / kappa)}, bias.astype(np.float64), expr.shape)
+        return Affine({y: identity(n, math.sqrt(mu / rv) * weight / kappa)}, bias.astype(np.float64), expr.shape)
 
     def polyact(self, expr: Affine, coeffs: np.ndarray, node: str) -> Affine:
         """sum_i coeffs[i] * x^i elementwise; coeffs (n + 1, F). A pending diagonal affine folds in, and the
@@ -222,7 +253,7 @@ class Builder:
         if degree == 2 and self.values[y]["features"] == n and np.all(q[2] != 0) \
                 and np.abs(q[1] / np.where(q[2] != 0, q[2], 1.0)).max() <= MAX_SHIFT:
             product = self.mul(y, self.add_const(y, q[1] / q[2], node), node)  # y (y + q1 / q2)
-            return Affine({product: np.diag(q[2])}, q[0].astype(np.float64), shape)
+            return Affine({product: identity(n, q[2])}, q[0].astype(np.float64), shape)
         if degree == 1:
             value = self.add_const(self.twin(y, q[1], node), q[0], node)
         else:
@@ -232,7 +263,7 @@ class Builder:
             else:
                 cubic = self.mul(self.mul(y, y, node), lead, node)
                 value = self.add(cubic, self.add_const(self.twin(y, q[1], node), q[0], node), node)
-        return Affine({value: np.eye(n)}, np.zeros(n), shape)
+        return Affine({value: identity(n)}, np.zeros(n), shape)
 
 
 def _substitute(coeffs: np.ndarray, gain: np.ndarray, shift: np.ndarray) -> np.ndarray:
