@@ -34,6 +34,7 @@ from veil.he.envelope import open_envelope, seal_envelope
 from veil.he.errors import EnvelopeError, EvaluationFailed, HEError, MismatchError
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import max_bundle_bytes
+from veil.he.parallel import ParallelEvaluator
 from veil.he.params import describe
 from veil.he.plan import Plan
 from veil.he.segments import RoundBook, SegmentedPlan
@@ -68,9 +69,11 @@ class FanOut(Protocol):
 class Stage:
     """One segment as the server runs it: plan, parameters, pre-encoded evaluator, hashes, request bound."""
 
-    def __init__(self, index: int, plan: Plan, max_ciphertexts: int) -> None:
+    def __init__(self, index: int, plan: Plan, max_ciphertexts: int, processes: int = 1) -> None:
         self.index, self.plan, self.params = index, plan, plan.parameters()
-        self.evaluator = PlanEvaluator(plan, self.params)  # weights encoded here, not per call
+        # weights encoded here, not per call; processes != 1: workers forked after the encoding (veil.he.parallel)
+        self.evaluator = (PlanEvaluator(plan, self.params) if processes == 1 else
+                          ParallelEvaluator(plan, self.params, processes=processes or None))
         self.plan_hash, self.params_hash = plan.hash(), self.params.hash()
         self.max_ciphertexts = max_ciphertexts
 
@@ -90,6 +93,7 @@ class HeModel:
                  plane: DataPlane) -> None:
         self.config, self.name, self.version, self.path = config, config.name, str(version), path
         self.manifest, self.keystore = manifest, plane.keystore()
+        self.processes = getattr(plane.options, "he_processes", 1)
         self.ready, self.session, self.scheduler = False, None, None  # no ORT session, no batcher
         self.metrics: ModelMetrics | None = None
         # set by a deployment with evaluation workers (veil.engine.ray_serve, --he-workers): a latency request's
@@ -102,7 +106,7 @@ class HeModel:
         """Read and verify the plan, encode its weights once; then ready."""
         try:
             self.segmented = SegmentedPlan.load(self.path.parent)  # a plain plan folder is one segment
-            self.stages = [Stage(k, plan, self._max_ciphertexts(plan)) for k, plan in enumerate(self.segmented.plans)]
+            self.stages = [Stage(k, plan, self._max_ciphertexts(plan), self.processes) for k, plan in enumerate(self.segmented.plans)]
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path.parent}: {exc}") from None
         first = self.stages[0]  # what the first round (and a one-segment model) takes
@@ -253,6 +257,9 @@ class HeModel:
 
     async def unload(self) -> None:
         self.ready = False
+        for stage in getattr(self, "stages", []):
+            if isinstance(stage.evaluator, ParallelEvaluator):
+                stage.evaluator.close()
 
 
 def key_upload_limit(plane: DataPlane) -> int | None:

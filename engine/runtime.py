@@ -67,6 +67,7 @@ class RuntimeOptions:
     inter_op_threads: int = 0  # 0: ORT default
     graph_level: str = "all"
     io_binding: bool | None = None  # None: on exactly when the CUDA EP is active
+    he_processes: int = 1  # HE models: processes per request (veil.he.parallel); 0: every core, 1: serial
 
 
 class Session:

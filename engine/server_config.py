@@ -70,6 +70,8 @@ class ServerConfig(Config):
     he_key_quota_mb: float = field(2048.0, "disk quota for registered HE evaluation keys, MiB")
     he_key_ttl_s: float = field(86400.0, "seconds a registered HE key stays valid")
     he_key_cache: int = field(8, "registered HE key sets kept parsed in memory (LRU; ~290 MiB each at N=16384)")
+    he_processes: int = field(0, "processes one HE request's large linear ops and ciphertexts are split over (forked "
+                                 "workers sharing the encoded plan; veil.he.parallel); 0: every core, 1: serial")
     he_keys_per_source: int = field(4, "HE key sets one client address may hold; one more evicts its least "
                                        "recently used")
 
@@ -83,6 +85,8 @@ class ServerConfig(Config):
         if self.max_json_elements < 1 or self.max_json_mb <= 0 or self.body_timeout_s <= 0:
             raise ConfigError(f"ServerConfig: expected max_json_elements >= 1, max_json_mb > 0 and body_timeout_s > 0, "
                               f"received {self.max_json_elements}, {self.max_json_mb} and {self.body_timeout_s}")
+        if self.he_processes < 0:
+            raise ConfigError(f"ServerConfig.he_processes: expected >= 0 (0: every core), received {self.he_processes}")
         if self.he_key_cache < 0 or self.he_keys_per_source < 1:
             raise ConfigError(f"ServerConfig: expected he_key_cache >= 0 and he_keys_per_source >= 1, received "
                               f"{self.he_key_cache} and {self.he_keys_per_source}")
@@ -103,4 +107,4 @@ class ServerConfig(Config):
 
         providers = {"auto": providers_for("KIND_AUTO"), "cpu": [CPU], "cuda": providers_for("KIND_GPU")}[self.device]
         return RuntimeOptions(providers=providers, intra_op_threads=self.intra_op_threads,
-                              graph_level=self.graph_optimization)
+                              graph_level=self.graph_optimization, he_processes=self.he_processes)
