@@ -284,8 +284,13 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
             compiler: Callable[..., Plan], cap: int, max_key_bytes: int) -> tuple[list[Plan], list[int], int]:
     """Exact DP over cut points for the lowest :func:`veil.he.cost.objective` among cuttings within
     ``max_key_bytes``; returns the plans, their end points and the fewest rounds any cutting needs."""
+    from veil.he.compile import with_key_manifest
+
     n = len(points) - 1
-    segments: dict[tuple[int, int], Plan] = {}  # every feasible segment [i, j], compiled once
+    # every feasible segment [i, j], compiled once, kept as its costs under each key manifest the search may take to
+    # meet the key budget, beside a spec-only skeleton (no tensors: every segment's masks at N = 32768 would be
+    # ~1 GB each); the chosen ones are compiled again at the end (deterministic, seconds with sparse lowering)
+    options: dict[tuple[int, int], list[tuple[Plan, dict[str, Any]]]] = {}
     errors: dict[int, str] = {}
     reachable = {0}
     for i in range(n):
@@ -301,24 +306,17 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
                 errors.setdefault(i, f"from {points[i]!r} to {points[j]!r}: {plan.levels} levels need "
                                      f"N={plan.parameters().poly_modulus_degree} > {cap}")
                 break
-            segments[i, j] = plan
+            variants = {tuple(plan.galois_steps): plan}
+            for manifest in LEANER_MANIFESTS:
+                variant = with_key_manifest(plan, manifest)
+                variants.setdefault(tuple(variant.galois_steps), variant)
+            options[i, j] = [(Plan(v.spec, {}), plan_cost(v)) for v in variants.values()]
             reachable.add(j)
     if n not in reachable:
         stuck = max(reachable)
         raise ParameterError(f"compile_segmented: no segmentation fits 128-bit parameter sets (N <= {cap}); the stretch "
                              f"{errors.get(stuck, '')} is too deep by itself even with a cut at every candidate "
                              f"({points[1:-1]}). Lower precision_bits or the depth between cut points.")
-    from veil.he.compile import with_key_manifest
-
-    # each segment as compiled, and under leaner key manifests the search may take to meet the key budget
-    options: dict[tuple[int, int], list[tuple[Plan, dict[str, Any]]]] = {}
-    for ij, plan in segments.items():
-        variants = {tuple(plan.galois_steps): plan}
-        for manifest in LEANER_MANIFESTS:
-            variant = with_key_manifest(plan, manifest)
-            variants.setdefault(tuple(variant.galois_steps), variant)
-        options[ij] = [(v, plan_cost(v)) for v in variants.values()]
-
     def cheapest(weight: Callable[[dict[str, Any]], float]) -> tuple[list[int], list[Plan]]:
         best: dict[int, tuple[float, list[int], list[Plan]]] = {0: (0.0, [], [])}
         for (i, j), choices in sorted(options.items()):
@@ -352,7 +350,15 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
                 high, (ends, plans) = price, found
             else:
                 low = price
-    return plans, ends, fewest
+    starts = [0, *ends[:-1]]
+    compiled = [with_key_manifest(compiler(extract_segment(model, points[i], points[j]), mode=mode,
+                                           precision_bits=precision_bits), skeleton.spec["rotation_keys"])
+                for i, j, skeleton in zip(starts, ends, plans, strict=True)]
+    for plan, skeleton in zip(compiled, plans, strict=True):
+        if plan.galois_steps != skeleton.galois_steps or plan.levels != skeleton.levels:
+            raise RuntimeError(f"compile_segmented: a segment compiled twice differs ({plan.galois_steps[:8]}... vs "
+                               f"{skeleton.galois_steps[:8]}...): the compiler must be deterministic")
+    return compiled, ends, fewest
 
 
 # -- the server's round book ---------------------------------------------------------------------------------
