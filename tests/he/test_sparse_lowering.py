@@ -1,0 +1,76 @@
+"""The compiler's lowering keeps affine maps sparse, so CIFAR-size convs compile in bounded memory (issue 35.5)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from onnx import numpy_helper
+from torch import nn
+from veil.export import export_graph
+from veil.he.compile import compile
+from veil.he.layout import MAX_SLOTS
+from veil.he.lowering import Affine, Builder, identity
+
+compile_module = importlib.import_module("veil.he.compile")  # the module (veil.he.compile is the function)
+_SPEC = importlib.util.spec_from_file_location("he_test_conv", Path(__file__).with_name("test_conv.py"))
+_CONV = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_CONV)
+
+
+def _conv_graph(conv: nn.Conv2d, shape: tuple[int, ...]):
+    torch.manual_seed(0)
+    return export_graph(nn.Sequential(conv).eval(), (torch.randn(2, *shape),), ["x"], ["y"], {"x": {0: "batch"}}).model
+
+
+@pytest.mark.parametrize("conv", [nn.Conv2d(3, 5, 3, padding=1), nn.Conv2d(4, 6, 3, stride=2, padding=1),
+                                  nn.Conv2d(2, 3, (3, 1), padding=(1, 0), dilation=(2, 1), bias=False),
+                                  nn.Conv2d(4, 4, 3, padding=1, groups=2)])
+def test_conv_matrix_from_weights_equals_the_probed_matrix(conv, monkeypatch) -> None:
+    # the weight-built matrix (ungrouped 2-D convs) and the chunked identity-basis probe (everything else, and a
+    # grouped conv) give the same sparse matrix; the probe in chunks of 3 basis vectors equals one chunk
+    shape = (conv.in_channels, 9, 7)
+    model = _conv_graph(conv, shape)
+    node = model.graph.node[0]
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    n = int(np.prod(shape))
+
+    def lowered() -> Affine:
+        builder = Builder()
+        x = Affine({builder.input(n, shape): identity(n)}, np.zeros(n), shape)
+        return compile_module._affine_node(node, "conv", x, "x", dict(consts), list(model.opset_import))
+
+    built = lowered()
+    monkeypatch.setattr(compile_module, "_conv_matrix", lambda *a: None)
+    probed = lowered()
+    monkeypatch.setattr(compile_module, "PROBE_BYTES", 8 * 3 * max(n, built.features))
+    chunked = lowered()
+    (a,), (b,), (c,) = (e.terms.values() for e in (built, probed, chunked))
+    assert isinstance(a, sp.csr_array) and a.nnz <= conv.out_channels * conv.in_channels // conv.groups * 9 * 63
+    for other in (b, c):
+        assert abs(a - other).max() <= 1e-12 * abs(a).max()
+    np.testing.assert_allclose(built.bias, probed.bias, atol=1e-12)
+    assert built.shape == probed.shape == tuple(conv(torch.zeros(1, *shape)).shape[1:])
+
+
+def test_a_cifar_size_stride_2_block_fits_the_largest_ring() -> None:
+    # 8 channels at 32 x 32 -> a stride-2 conv to 16 channels, each conv PolyNorm-ed (a sum of squares: the
+    # plan needs a broadcast window of one block). The strided conv's in-place layout spreads 16 x 16 x 16 over
+    # a 16384-slot block, which the window doubles past any 128-bit ring: the compact layout must be chosen
+    # (before: "needs >= 32768 slots"); the matrices stay sparse (a dense one is 512 MB here)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), _CONV.norm(8), _CONV.act(8),
+                          nn.Conv2d(8, 16, 3, stride=2, padding=1), _CONV.norm(16), _CONV.act(16)).eval()
+    x = torch.randn(2, 8, 32, 32)
+    graph = export_graph(model, (x,), ["x"], ["y"], {"x": {0: "batch"}}).model
+    plan = compile(graph)
+    assert plan.spec["period"] <= MAX_SLOTS
+    assert plan.parameters().slots >= plan.spec["period"]
+    simulated = _CONV.simulate(plan, x.numpy().astype(np.float64))
+    expected = model(x).detach().numpy().reshape(2, -1)
+    np.testing.assert_allclose(simulated.reshape(2, -1), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
