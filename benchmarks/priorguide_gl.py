@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from veil.posterior import Gaussian, GaussianLinearScore, Mixture, Prior, PriorGuidePosterior, c2st
 from veil.posterior.diagnostics import sir_report, sir_resample
 from veil.training.priorguide import SamplerTrainConfig, ScoreNetConfig, get_task, train_score
+
+from veil.progress import progress as progress_bar
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "priorguide_gl"
@@ -78,7 +79,7 @@ def evaluate(post: PriorGuidePosterior, train: Prior, d: int, args: argparse.Nam
     rows = []
     priors = test_priors(d, 0, args.spread)
     cells = [(kind, q, o) for kind, q in priors.items() for o in range(args.observations)]
-    for kind, q, o in tqdm(cells, desc=f"{label} {d}-d", leave=False):
+    for kind, q, o in progress_bar(cells, desc=f"{label} {d}-d", leave=False):
         gen = torch.Generator().manual_seed(100 * d + o)
         x = q.sample(1, gen)[0] + S * torch.randn(d, generator=gen, dtype=torch.float64)
         target = analytic_posterior(q, x, noise)

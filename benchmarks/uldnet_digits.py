@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 from veil.training.uldnet import (
     ModelConfig,
     TrainConfig,
@@ -30,6 +29,8 @@ from veil.training.uldnet import (
     train_uldnet,
 )
 from veil.training.uldnet.config import DIGITS_PRESETS
+
+from veil.progress import progress as progress_bar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_figure, save_results
@@ -42,7 +43,7 @@ def run(seeds: list[int], epochs: int | None) -> dict:
     data = load_digits_preset()
     results: dict = {"seeds": seeds, "models": {}}
     jobs = [(arch, baseline) for arch in ("mlp", "cnn", "vit") for baseline in (False, True)]
-    with tqdm(total=len(jobs) * len(seeds), desc="uldnet digits", file=sys.stderr) as bar:
+    with progress_bar(total=len(jobs) * len(seeds), desc="uldnet digits", file=sys.stderr) as bar:
         for arch, baseline in jobs:
             preset = DIGITS_PRESETS[arch]
             model_config = ModelConfig(arch=arch, baseline=baseline, input_shape=data.input_shape, **preset["model"])

@@ -136,6 +136,7 @@ def build_parser(prog: str = "veil codec") -> argparse.ArgumentParser:
     p.add_argument("--targets", type=float, nargs="+", default=[0.01, 0.02, 0.05, 0.1], help="bpp budgets")
     p.add_argument("--codecs", nargs="+", default=None, help="anchors (default: every one Pillow can write)")
     p.add_argument("-o", "--output", type=Path, default=None, help="also write the JSON here (input of `plot`)")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (TQDM_DISABLE=1 also works)")
     p = verbs.add_parser("plot", help="rate-distortion curves of a bench JSON to PNG")
     p.add_argument("results", type=Path)
     p.add_argument("-o", "--output", type=Path, required=True)
@@ -177,8 +178,9 @@ def run(args: argparse.Namespace) -> dict:
         from .evaluate import bench, curve
 
         runtime, images = _runtime(args), load_folder(args.images)
-        result = bench(runtime, images, args.targets, args.codecs, args.mode)
-        result["curve"] = [{k: v for k, v in c.items() if k != "images"} for c in curve(runtime, images, args.mode)]
+        result = bench(runtime, images, args.targets, args.codecs, args.mode, progress=not args.no_progress)
+        result["curve"] = [{k: v for k, v in c.items() if k != "images"}
+                           for c in curve(runtime, images, args.mode, progress=not args.no_progress)]
         if args.output:
             write_atomic(args.output, json.dumps(result, indent=1))
         return result

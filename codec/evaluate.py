@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from veil.progress import progress as progress_bar
+
 from .baselines import Anchor, available
 from .metrics import ms_ssim, psnr
 from .runtime import CodecRuntime
@@ -43,18 +45,24 @@ def evaluate(runtime: CodecRuntime, images: dict[str, np.ndarray], k: int | None
             "mean": _mean(rows, keys), "images": rows}
 
 
-def curve(runtime: CodecRuntime, images: dict[str, np.ndarray], mode: str = "greedy") -> list[dict[str, Any]]:
+def curve(runtime: CodecRuntime, images: dict[str, np.ndarray], mode: str = "greedy",
+          progress: bool = False) -> list[dict[str, Any]]:
     """Our rate-distortion curve: :func:`evaluate` at every number of scales sent, k = 1..K."""
-    return [evaluate(runtime, images, k=k, mode=mode) for k in range(1, runtime.geo.K + 1)]
+    scales = progress_bar(range(1, runtime.geo.K + 1), desc=f"codec curve ({len(images)} images, k = 1..K)",
+                          enabled=progress)
+    return [evaluate(runtime, images, k=k, mode=mode) for k in scales]
 
 
 def bench(runtime: CodecRuntime, images: dict[str, np.ndarray], targets: list[float],
-          codecs: list[str] | None = None, mode: str = "greedy") -> dict[str, Any]:
-    """Ours at each target (most scales within it) vs each anchor's best (quality x downscale) within it."""
+          codecs: list[str] | None = None, mode: str = "greedy", progress: bool = False) -> dict[str, Any]:
+    """Ours at each target (most scales within it) vs each anchor's best (quality x downscale) within it.
+
+    With ``progress`` each target reports on stderr (a bar on a terminal, a line in a log)."""
     codecs = available() if codecs is None else codecs
     anchors = {codec: {name: Anchor(pixels, codec) for name, pixels in images.items()} for codec in codecs}
     rows: list[dict[str, Any]] = []
-    for target in targets:
+    for target in progress_bar(targets, desc=f"codec bench ({len(images)} images, {len(codecs)} anchors)",
+                               enabled=progress):
         ours = evaluate(runtime, images, target_bpp=target, mode=mode)
         row: dict[str, Any] = {"target_bpp": target, "veil": ours}
         for codec in codecs:

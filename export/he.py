@@ -29,6 +29,8 @@ from veil.he.segments import compile_segmented
 from veil.training.checkpoint import checkpoint_hash
 from veil.training.uldnet import load_uldnet
 
+from veil.progress import stage
+
 from .he_params import parameter_choice
 from .onnx_export import export_graph
 from .repository import NAME_PATTERN, model_folder
@@ -48,8 +50,11 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "latency", version: int = 1,
               precision_bits: int = 20, refresh: bool = False,
               max_poly_modulus_degree: int | None = None, rotation_keys: str = "exact",
-              max_key_bytes: int = MAX_KEY_BYTES) -> dict[str, Any]:
+              max_key_bytes: int = MAX_KEY_BYTES, progress: bool = True) -> dict[str, Any]:
     """Compile a ULD-Net checkpoint into an HE plan and write it into ``repo``; returns the manifest.
+
+    With ``progress`` (and TQDM_DISABLE unset) each stage (ONNX export, compile, write) ends with one stderr
+    line: a deep model's compile takes minutes.
 
     ``rotation_keys`` is the latency plan's key manifest ("exact": fastest, "pow2": fewest keys, "budget:K").
 
@@ -62,10 +67,13 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
         raise ExportError(f"--name: expected letters, digits, '_', '.', '-', received {name!r}")
     model, config = load_uldnet(checkpoint)
     shape = list(config["model"]["input_shape"])
-    graph = export_graph(model, (torch.randn(4, *shape),), ["x"], ["logits"], {"x": {0: "batch"}})
-    segmented = compile_segmented(graph.model, mode=mode, precision_bits=precision_bits, refresh=refresh,
-                                  max_poly_modulus_degree=max_poly_modulus_degree, max_key_bytes=max_key_bytes,
-                                  compiler=functools.partial(he_compile, rotation_keys=rotation_keys))
+    with stage(f"export he {name}: ONNX graph", enabled=progress):
+        graph = export_graph(model, (torch.randn(4, *shape),), ["x"], ["logits"], {"x": {0: "batch"}})
+    with stage(f"export he {name}: compile ({mode})", enabled=progress) as info:
+        segmented = compile_segmented(graph.model, mode=mode, precision_bits=precision_bits, refresh=refresh,
+                                      max_poly_modulus_degree=max_poly_modulus_degree, max_key_bytes=max_key_bytes,
+                                      compiler=functools.partial(he_compile, rotation_keys=rotation_keys))
+        info["rounds"] = segmented.rounds
     plan = segmented.plans[0]
     params = plan.parameters()
     manifest = {
@@ -86,7 +94,8 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
     config_text = CONFIG.format(name=name)
     if segmented.rounds > 1:
         config_text = config_text.replace('default_model_filename: "plan.json"', 'default_model_filename: "segments.json"')
-    with model_folder(repo, name, version) as (folder, version_folder):  # published whole, config.pbtxt included
+    with (stage(f"export he {name}: write plan", enabled=progress),
+          model_folder(repo, name, version) as (folder, version_folder)):  # published whole, config.pbtxt included
         segmented.save(version_folder)
         (folder / "veil.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
         (folder / "config.pbtxt").write_text(config_text)

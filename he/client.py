@@ -237,9 +237,9 @@ class _Progress:
     """One stderr line per step with the seconds since the first (a log-friendly progress report)."""
 
     def __init__(self, enabled: bool) -> None:
-        import os
+        from veil.progress import progress_enabled
 
-        self.enabled = enabled and os.environ.get("TQDM_DISABLE", "") in ("", "0", "false", "False")
+        self.enabled = progress_enabled(enabled)  # TQDM_DISABLE honoured as everywhere in veil
         self.start = time.perf_counter()
 
     def __call__(self, line: str) -> None:

@@ -153,7 +153,7 @@ class _Mixture(torch.nn.Module):
 
 def fit_ratio(train: Prior, test: Prior, settings: FitSettings, progress: bool = False) -> GaussianMixtureRatio:
     """Fit a K-component mixture to log q − log p_train; the best of ``settings.restarts`` restarts."""
-    from tqdm.auto import tqdm
+    from veil.progress import progress as progress_bar
 
     def log_r(theta: torch.Tensor) -> torch.Tensor:
         return test.log_prob(theta) - train.log_prob(theta)
@@ -167,8 +167,8 @@ def fit_ratio(train: Prior, test: Prior, settings: FitSettings, progress: bool =
         model = _Mixture(init, std, settings.covariance == "full")
         opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, settings.steps, eta_min=settings.lr * 0.01)
-        bar = tqdm(range(settings.steps), desc=f"ratio fit {restart + 1}/{settings.restarts}",
-                   disable=not progress, leave=False)
+        bar = progress_bar(range(settings.steps), desc=f"ratio fit {restart + 1}/{settings.restarts}",
+                           enabled=progress, leave=False)
         for _ in bar:
             eps = torch.randn(settings.k, settings.batch, d, generator=gen, dtype=DTYPE)
             loss = model.objective(eps, test.sample(settings.batch, gen), log_r)

@@ -227,8 +227,9 @@ def _prepare_encrypted(args: argparse.Namespace, data, repo: Path) -> dict:
         _train_or_reuse(paths[arch], model_config, train_config, data, args.retrain, not args.no_progress)
     export_uldnet(paths["cnn"], repo, name="digits-cnn-he-plain")
     export_uldnet(paths["mlp"], repo, name="digits-mlp")
-    latency = export_he(paths["cnn"], repo, "digits-he", mode="latency", rotation_keys="pow2")
-    export_he(paths["mlp"], repo, "digits-he-batch", mode="throughput")
+    latency = export_he(paths["cnn"], repo, "digits-he", mode="latency", rotation_keys="pow2",
+                        progress=not args.no_progress)
+    export_he(paths["mlp"], repo, "digits-he-batch", mode="throughput", progress=not args.no_progress)
     return latency
 
 

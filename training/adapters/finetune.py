@@ -90,9 +90,10 @@ def train(model: nn.Module, tokenizer, task: Task, cfg: FinetuneConfig, progress
 
     The loss is cross-entropy plus ``model.aux_loss()`` when the model has one; both are logged per epoch.
     """
-    from tqdm import tqdm
     from veil.training import distributed
     from veil.training.optim import build_optimizer, optimizer_state_bytes
+
+    from veil.progress import progress as progress_bar
 
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -104,7 +105,7 @@ def train(model: nn.Module, tokenizer, task: Task, cfg: FinetuneConfig, progress
     steps = cfg.epochs * math.ceil(len(task.train.texts) / cfg.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / steps)  # linear decay to 0
     history, losses, start = [], [], time.perf_counter()
-    bar = tqdm(total=steps, desc=f"finetune {cfg.method} on {task.name}", disable=not progress or not distributed.is_main(), leave=False)
+    bar = progress_bar(total=steps, desc=f"finetune {cfg.method} on {task.name}", enabled=progress and distributed.is_main(), leave=False)
     for epoch in range(cfg.epochs):
         model.train()
         task_loss = aux_sum = 0.0

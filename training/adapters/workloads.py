@@ -162,7 +162,8 @@ def train_digits(model: nn.Module, cfg, lr: float, progress: bool = True) -> dic
     """Adapt to digits 5–9 (relabelled 0–4): AdamW, ``cfg.batch_size``, cross-entropy + ``aux_loss()``."""
     import torch
     from torch import nn
-    from tqdm import tqdm
+
+    from veil.progress import progress as progress_bar
 
     from .. import distributed
     from .vapt.digits import accuracy, digit_split
@@ -175,8 +176,8 @@ def train_digits(model: nn.Module, cfg, lr: float, progress: bool = True) -> dic
     net = distributed.wrap(model, find_unused_parameters=True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     history, start = [], time.perf_counter()
-    bar = tqdm(total=cfg.epochs, desc=f"finetune {cfg.method} on {DIGITS_TASK}",
-               disable=not progress or not distributed.is_main(), leave=False)
+    bar = progress_bar(total=cfg.epochs, desc=f"finetune {cfg.method} on {DIGITS_TASK}",
+                       enabled=progress and distributed.is_main(), leave=False)
     for epoch in range(cfg.epochs):
         model.train()
         total = aux_sum = 0.0

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 from veil.codec.tokens import Geometry, prior_inputs
+
+from veil.progress import progress as progress_bar
 
 from ..checkpoint import load_checkpoint, save_checkpoint
 from .config import CodecModelConfig, CodecTrainConfig
@@ -61,7 +62,7 @@ def train_tokenizer(tok: Tokenizer, images: list[np.ndarray], cfg: CodecTrainCon
     rng, weights = np.random.default_rng(cfg.seed), sampling_weights(images)
     opt = torch.optim.AdamW(tok.parameters(), lr=cfg.lr, weight_decay=1e-4)
     K, losses = len(tok.cfg.scales), []
-    bar = tqdm(range(cfg.tokenizer_steps), desc="codec stage 1 (tokenizer)", disable=not progress)
+    bar = progress_bar(range(cfg.tokenizer_steps), desc="codec stage 1 (tokenizer)", enabled=progress)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = cfg.lr * cosine(step, cfg.tokenizer_steps)
@@ -115,7 +116,7 @@ def train_prior(prior: Prior, data: tuple[torch.Tensor, ...], cfg: CodecTrainCon
     rng = np.random.default_rng(cfg.seed + 2)
     opt = torch.optim.AdamW(prior.parameters(), lr=cfg.lr, weight_decay=1e-4)
     losses = []
-    bar = tqdm(range(cfg.prior_steps), desc="codec stage 2 (prior)", disable=not progress)
+    bar = progress_bar(range(cfg.prior_steps), desc="codec stage 2 (prior)", enabled=progress)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = cfg.lr * cosine(step, cfg.prior_steps)

@@ -92,7 +92,7 @@ class LinearModule(nn.Module):
 def train_root_purge(x: np.ndarray, y: np.ndarray, model: ForecastModelConfig, fit: ForecastFitConfig,
                      mean: np.ndarray, std: np.ndarray, progress: bool = True) -> LinearForecaster:
     """Adam on the Root Purge loss over standardised train windows x (N, L, C), y (N, H, C) (float64)."""
-    from tqdm.auto import tqdm
+    from veil.progress import progress as progress_bar
 
     n_channels = x.shape[2]
     generator = torch.Generator().manual_seed(fit.seed)
@@ -107,7 +107,7 @@ def train_root_purge(x: np.ndarray, y: np.ndarray, model: ForecastModelConfig, f
     optimizer = torch.optim.Adam(params, lr=fit.lr)
     xs, ys = torch.from_numpy(np.asarray(x, np.float64)), torch.from_numpy(np.asarray(y, np.float64))
     losses = []
-    bar = tqdm(range(fit.steps), desc="root purge", disable=not progress, leave=False)
+    bar = progress_bar(range(fit.steps), desc="root purge", enabled=progress, leave=False)
     for _ in bar:
         if fit.batch_size and fit.batch_size < len(xs):
             pick = torch.randint(0, len(xs), (fit.batch_size,), generator=generator)

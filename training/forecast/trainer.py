@@ -43,9 +43,9 @@ def fit(splits: Splits, model: ForecastModelConfig, fit_config: ForecastFitConfi
         return train_root_purge(splits.train.x, splits.train.y, model, fit_config, mean, std, progress)
     bar = None
     if progress and fit_config.fit == "rootpurge":
-        from tqdm.auto import tqdm
+        from veil.progress import progress as progress_bar
 
-        bar = tqdm(total=fit_config.fixed_point_iters, desc="root purge fixed point", leave=False)
+        bar = progress_bar(total=fit_config.fixed_point_iters, desc="root purge fixed point", leave=False)
     try:
         return fit_closed_form(splits.train.x, splits.train.y, splits.val.x, splits.val.y, model, fit_config,
                                mean, std, bar)

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+
+from veil.progress import progress as progress_bar
 
 from ..checkpoint import load_checkpoint, save_checkpoint
 from .config import LMModelConfig, LMTrainConfig
@@ -116,7 +117,7 @@ def train_lm(model_config: LMModelConfig, train_config: LMTrainConfig, corpus: C
     history = [_eval_point(0, evaluate(model, blocks), cfg.peak_lr * lr_factor(0, cfg), None)]
     train_loss: list[float] = []
     start = time.perf_counter()
-    bar = tqdm(range(1, cfg.steps + 1), desc=f"train lm ({cfg.optimizer})", disable=not progress, leave=False)
+    bar = progress_bar(range(1, cfg.steps + 1), desc=f"train lm ({cfg.optimizer})", enabled=progress, leave=False)
     for step in bar:
         x, y = sample_batch(corpus.train, cfg.batch_size, cfg.block_size, generator)  # (B, T) each
         loss = next_byte_loss(model, x, y)

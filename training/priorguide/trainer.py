@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from veil.posterior.priors import Prior, prior_from_spec
 from veil.posterior.sampler import PriorGuidePosterior
 from veil.posterior.score import NetworkScore, VESchedule
+
+from veil.progress import progress as progress_bar
 
 from ..checkpoint import load_checkpoint, save_checkpoint
 from .config import SamplerTrainConfig
@@ -69,7 +70,7 @@ def train_score(theta: torch.Tensor, x: torch.Tensor, prior: Prior, model_config
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, config.steps, eta_min=config.lr * 0.01)
     start, running = time.perf_counter(), math.nan
-    bar = tqdm(range(config.steps), desc=f"train sampler ({model_config.dim}-d θ)", disable=not progress)
+    bar = progress_bar(range(config.steps), desc=f"train sampler ({model_config.dim}-d θ)", enabled=progress)
     for step in bar:
         idx = tr[torch.randint(len(tr), (config.batch_size,), generator=gen)]
         sigma = _noise(config.batch_size, model_config, gen)

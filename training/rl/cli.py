@@ -108,9 +108,10 @@ def _policy_and_prompts(args: argparse.Namespace, task: ToySortConfig) -> tuple[
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # --help and usage errors exit here, before torch is imported
     import torch
-    from tqdm import tqdm
     from veil.training.adapters import LoraConfig, inject
     from veil.training.checkpoint import save_checkpoint
+
+    from veil.progress import progress as progress_bar
 
     from .trainer import GrpoTrainer
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = GrpoTrainer(policy, cfg, get_reward(reward_name), eos, pad)
     generator = torch.Generator().manual_seed(20_000 + args.seed)
     history = []
-    bar = tqdm(range(1, args.steps + 1), desc=f"grpo[{args.method}]", disable=args.no_progress, file=sys.stderr)
+    bar = progress_bar(range(1, args.steps + 1), desc=f"grpo[{args.method}]", enabled=not args.no_progress, file=sys.stderr)
     for step in bar:
         m = trainer.step(sample(args.prompts_per_step, generator))
         history.append({"step": step, **{k: round(v, 6) for k, v in m.items()}})

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+
+from veil.progress import progress as progress_bar
 
 from .. import distributed
 from ..checkpoint import load_checkpoint, save_checkpoint
@@ -101,8 +102,8 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
 
     best_acc, best_state, best_epoch, history = -1.0, None, -1, []
     start = time.perf_counter()
-    bar = tqdm(range(cfg.epochs), desc=f"train {model_config.arch}{' baseline' if not polynomial else ''}",
-               disable=not progress or not distributed.is_main(), leave=False)
+    bar = progress_bar(range(cfg.epochs), desc=f"train {model_config.arch}{' baseline' if not polynomial else ''}",
+                       enabled=progress and distributed.is_main(), leave=False)
     for epoch in bar:
         warm = polynomial and epoch < cfg.warmup_epochs
         set_warmup(model, warm)

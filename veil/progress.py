@@ -1,0 +1,137 @@
+"""Progress that fits a log: a tqdm bar on a terminal, plain lines anywhere else (issue 33.3).
+
+Every long step in veil reports through :func:`progress` (a loop or a count) or :func:`stage` (one step without
+iterations: an HE compile, a key upload). On a terminal (the stream's ``isatty()``) it is a tqdm bar; in a log,
+a pipe or CI it writes one plain line when the stage ends (and one every ``VEIL_PROGRESS_SECONDS``, default 30,
+while a long stage runs), never a ``\\r``. ``TQDM_DISABLE=1`` (tqdm's own variable) silences both, as does the
+caller's ``enabled=False`` (``--no-progress``).
+
+Example:
+    >>> from veil.progress import progress
+    >>> for step in progress(range(3), desc="train", enabled=False):
+    ...     pass
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+
+_UNSET = ("", "0", "false", "no", "off")  # any other value of TQDM_DISABLE disables, as in tqdm
+
+
+def progress_enabled(enabled: bool = True) -> bool:
+    """Whether progress is shown at all: the caller's flag and ``TQDM_DISABLE`` unset (or 0/false/no/off)."""
+    return enabled and os.environ.get("TQDM_DISABLE", "").strip().lower() in _UNSET
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a closed or stream-like object without isatty
+        return False
+
+
+class LineProgress:
+    """The tqdm subset veil uses (iterate, ``update``, ``set_postfix``, ``close``, a context manager), as log lines."""
+
+    def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
+                 file: IO[str] | None = None, enabled: bool = True, every: float | None = None) -> None:
+        self.iterable, self.desc, self.file, self.enabled = iterable, desc, file, enabled
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)  # type: ignore[arg-type]
+        self.total, self.n, self.postfix, self.closed = total, 0, "", False
+        self.every = float(os.environ.get("VEIL_PROGRESS_SECONDS", "30")) if every is None else every
+        self.start = self.last = time.perf_counter()
+
+    def __iter__(self) -> Iterator:
+        try:
+            for item in self.iterable or ():
+                yield item
+                self.update(1)
+        finally:
+            self.close()
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.total or 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.perf_counter()
+        if self.enabled and now - self.last >= self.every:
+            self.last = now
+            self._line("")
+
+    def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True, **kwargs: Any) -> None:
+        items = {**(ordered_dict or {}), **kwargs}
+        self.postfix = ", ".join(f"{k}={v}" for k, v in items.items())
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        self.postfix = s
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        self.desc = desc or ""
+
+    def refresh(self) -> None:
+        """tqdm's redraw; a log line is written only at the interval and at the end."""
+
+    def write(self, s: str) -> None:
+        print(s, file=self.file or sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.enabled:
+                self._line("done ")
+
+    def _line(self, state: str) -> None:
+        count = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        tail = f", {self.postfix}" if self.postfix else ""
+        print(f"{self.desc}: {state}{count} in {time.perf_counter() - self.start:.1f} s{tail}",
+              file=self.file or sys.stderr, flush=True)
+
+
+def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", enabled: bool = True,
+             leave: bool = True, file: IO[str] | None = None) -> Any:
+    """A tqdm bar on a terminal, a :class:`LineProgress` elsewhere; silent without ``enabled`` or with TQDM_DISABLE.
+
+    Args:
+        iterable: what to loop over (or None and call ``update``).
+        total: the count when ``iterable`` has no length.
+        desc: the stage's name, the start of every line.
+        enabled: the caller's switch (``--no-progress`` passes False).
+        leave: keep the bar on the terminal once done (a log always gets the final line).
+        file: the stream, stderr by default (results go to stdout).
+    """
+    stream = file or sys.stderr
+    if progress_enabled(enabled) and _is_terminal(stream):
+        from tqdm import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, leave=leave, file=stream, disable=False)
+    return LineProgress(iterable, total=total, desc=desc, file=file, enabled=progress_enabled(enabled))
+
+
+@contextmanager
+def stage(desc: str, *, enabled: bool = True, file: IO[str] | None = None) -> Iterator[dict[str, Any]]:
+    """One line when a step without iterations ends: ``desc: done in 12.3 s[, what the step put in the dict]``.
+
+    Example:
+        >>> with stage("compile", enabled=False) as info:
+        ...     info["ops"] = 12
+    """
+    info: dict[str, Any] = {}
+    start = time.perf_counter()
+    yield info
+    if progress_enabled(enabled):
+        tail = "".join(f", {k}={v}" for k, v in info.items())
+        print(f"{desc}: done in {time.perf_counter() - start:.1f} s{tail}", file=file or sys.stderr, flush=True)
