@@ -90,6 +90,11 @@ def _pixels(text: str) -> int:
     return value
 
 
+def _example(command: str) -> dict[str, object]:
+    """A verb's ``--help`` epilog with its example (docs/cli.md: every verb has one)."""
+    return {"epilog": f"example:\n  {command}\n", "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def build_parser(prog: str = "veil codec") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0], epilog=EXAMPLE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,27 +122,27 @@ def build_parser(prog: str = "veil codec") -> argparse.ArgumentParser:
     group.add_argument("--scales", type=int, default=None, help="scales to send, k (default: all)")
     group.add_argument("--target-bpp", type=float, default=None, help="send the most scales within this bpp")
 
-    p = verbs.add_parser("encode", parents=[common, decoding, rate], help="image -> bitstream")
+    p = verbs.add_parser("encode", **_example("veil codec encode photo.png -o photo.vc --target-bpp 0.02"), parents=[common, decoding, rate], help="image -> bitstream")
     p.add_argument("image", type=Path)
     p.add_argument("-o", "--output", type=Path, required=True)
-    p = verbs.add_parser("decode", parents=[common], help="bitstream -> PNG")
+    p = verbs.add_parser("decode", **_example("veil codec decode photo.vc -o photo.png"), parents=[common], help="bitstream -> PNG")
     p.add_argument("stream", type=Path)
     p.add_argument("-o", "--output", type=Path, required=True)
-    p = verbs.add_parser("truncate", help="cut a stream to its first k scales (no model, no re-encoding)")
+    p = verbs.add_parser("truncate", **_example("veil codec truncate photo.vc --scales 4 -o photo4.vc"), help="cut a stream to its first k scales (no model, no re-encoding)")
     p.add_argument("stream", type=Path)
     p.add_argument("--scales", type=int, required=True)
     p.add_argument("-o", "--output", type=Path, required=True)
-    p = verbs.add_parser("eval", parents=[common, decoding, rate], help="bpp, PSNR, MS-SSIM and times on a folder")
+    p = verbs.add_parser("eval", **_example("veil codec eval heldout --target-bpp 0.05 --per-image"), parents=[common, decoding, rate], help="bpp, PSNR, MS-SSIM and times on a folder")
     p.add_argument("images", help="a folder of images, or 'heldout' (the bundled photos never trained on)")
     p.add_argument("--per-image", action="store_true", help="include every image's row")
-    p = verbs.add_parser("bench", parents=[common, decoding],
+    p = verbs.add_parser("bench", **_example("veil codec bench heldout --targets 0.02 0.05 -o bench.json"), parents=[common, decoding],
                          help="vs JPEG/WebP/AVIF at matched bpp (best quality x downscale)")
     p.add_argument("images", help="a folder of images, or 'heldout'")
     p.add_argument("--targets", type=float, nargs="+", default=[0.01, 0.02, 0.05, 0.1], help="bpp budgets")
     p.add_argument("--codecs", nargs="+", default=None, help="anchors (default: every one Pillow can write)")
     p.add_argument("-o", "--output", type=Path, default=None, help="also write the JSON here (input of `plot`)")
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr (TQDM_DISABLE=1 also works)")
-    p = verbs.add_parser("plot", help="rate-distortion curves of a bench JSON to PNG")
+    p = verbs.add_parser("plot", **_example("veil codec plot bench.json -o rd.png"), help="rate-distortion curves of a bench JSON to PNG")
     p.add_argument("results", type=Path)
     p.add_argument("-o", "--output", type=Path, required=True)
     return parser

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -59,6 +60,9 @@ def create_app(config: ServerConfig, models: list[str] | None = None) -> FastAPI
             grpc_server, app.state.grpc_port = await start_grpc(
                 InferenceService(plane, config.admin_token, config.max_bytes_elements), config.host, config.grpc_port,
                 int(config.grpc_max_message_mb * 2**20))
+        if getattr(app.state, "announce", False):  # `veil serve`: one line once ready, as uvicorn and Triton do
+            print(ready_line(config, sorted(plane.models), getattr(app.state, "grpc_port", None)), file=sys.stderr,
+                  flush=True)
         yield
         if grpc_server is not None:
             await grpc_server.stop(config.graceful_timeout_s)  # in-flight RPCs finish first
@@ -134,6 +138,15 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def ready_line(config: ServerConfig, models: list[str], grpc_port: int | None) -> str:
+    """The startup line: the HTTP, gRPC and metrics addresses and the models loaded (issue 33.4)."""
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    http_url = f"http://{host}:{config.port}"
+    grpc = f"gRPC {host}:{grpc_port}" if grpc_port else "gRPC off (--grpc-port P)"
+    return (f"veil serve: ready: HTTP {http_url}/v2, {grpc}, metrics {http_url}/metrics; "
+            f"{len(models)} model(s): {', '.join(models) or 'none'}")
+
+
 class ServeError(RuntimeError):
     """The server cannot start (its address is taken); the message is one line for the terminal."""
 
@@ -149,6 +162,8 @@ def serve(config: ServerConfig) -> None:
     try:
         if config.grpc_port:  # probe it too, so a busy gRPC port also fails before any model loads
             bind(config.host, config.grpc_port).close()
-        build_server(config).run(sockets=[sock])
+        server = build_server(config)
+        server.config.app.state.announce = True
+        server.run(sockets=[sock])
     finally:
         sock.close()

@@ -46,6 +46,41 @@ def test_every_verb_has_help_with_an_example_and_returns_0(argv: list[str], caps
     assert "example:" in capsys.readouterr().out.lower()
 
 
+def _sub_verbs() -> list[list[str]]:
+    """The verbs inside one-command groups (`veil codec encode`, `veil he keygen`), from their own parsers."""
+    import argparse
+    import importlib
+
+    found = []
+    for group, (_, verbs, _) in GROUPS.items():
+        module = importlib.import_module(verbs[""]) if "" in verbs else None
+        if module is None:
+            continue
+        if hasattr(module, "VERBS"):
+            found += [[group, verb] for verb in module.VERBS]
+            continue
+        try:
+            parser = module.build_parser()
+        except TypeError:
+            continue
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found += [[group, verb] for verb in action.choices]
+    return found
+
+
+@pytest.mark.parametrize("argv", _sub_verbs())
+def test_every_verb_of_a_one_command_group_has_an_example(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/cli.md promises an example on every verb; `veil codec VERB --help` had none (issue 33.4)."""
+    assert main([*argv, "--help"]) == 0
+    assert "example:" in capsys.readouterr().out.lower()
+
+
+def test_codec_verbs_are_checked() -> None:
+    assert {("codec", v) for v in ("encode", "decode", "truncate", "eval", "bench", "plot")} <= {
+        tuple(a) for a in _sub_verbs()}
+
+
 def test_usage_error_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "uldnet", "--no-such-flag"]) == 2
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
