@@ -419,7 +419,7 @@ def _json_text(name: str, item: str | bytes) -> str:
 
 def encode_response(response: InferResponse) -> tuple[bytes, int | None]:
     """Encode a response; returns the body and the JSON header length (None when the body is JSON only)."""
-    outputs, blobs = [], []
+    outputs, blobs, flagged = [], [], []
     for name, array in response.outputs.items():
         datatype = response.datatypes[name]
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
@@ -434,10 +434,17 @@ def encode_response(response: InferResponse) -> tuple[bytes, int | None]:
             entry["data"] = [_json_text(name, b) for b in array.ravel().tolist()]
         else:
             entry["data"] = np.ascontiguousarray(array).ravel()
+            if array.dtype.kind == "f" and not np.isfinite(array).all():  # JSON has no NaN/inf: they become null
+                entry["parameters"] = {"non_finite_count": int(np.size(array) - np.isfinite(array).sum())}
+                flagged.append(name)
         outputs.append(entry)
     head: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id is not None:
         head["id"] = response.id
+    if flagged:  # scalar parameters only, so OIP v2 clients (tritonclient, KServe's pydantic models) still parse it
+        head["parameters"] = {"non_finite_outputs": ",".join(flagged),
+                              "non_finite_note": "NaN/inf output elements are null in JSON; check the input's scale "
+                                                 "(the model metadata's input contract) or request binary_data"}
     head["outputs"] = outputs
     text = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
