@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from . import e2lora, lora, psoft
     from .config import AdapterConfig
     from .e2lora import E2LoraConfig
+    from .interop import peft_base
     from .lora import LoraConfig
     from .model import AdapterModel
     from .psoft import PsoftConfig
@@ -30,7 +31,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "e2lora": ".e2lora", "lora": ".lora", "psoft": ".psoft", "AdapterConfig": ".config", "E2LoraConfig": ".e2lora",
     "LoraConfig": ".lora", "LoraMixerConfig": ".loramixer", "MtLoraConfig": ".mtlora", "VaptConfig": ".vapt",
     "AdapterModel": ".model", "PsoftConfig": ".psoft", "METHODS": ".registry", "AdapterMethod": ".registry",
-    "get_method": ".registry", "register_method": ".registry",
+    "get_method": ".registry", "register_method": ".registry", "peft_base": ".interop",
 })
 
 
@@ -42,4 +43,4 @@ def inject(model: nn.Module, config: AdapterConfig) -> AdapterModel:
 
 
 __all__ = ["METHODS", "AdapterConfig", "AdapterMethod", "AdapterModel", "E2LoraConfig", "LoraConfig", "PsoftConfig",
-           "e2lora", "inject", "lora", "psoft", "register_method"]
+           "e2lora", "inject", "lora", "peft_base", "psoft", "register_method"]

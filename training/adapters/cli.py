@@ -8,7 +8,7 @@ vapt). vapt is ViT-only. Method options are generated flags (--<method>-<field>,
 
 The adapter is saved in the PEFT layout (adapter_config.json + adapter_model.safetensors, head in
 modules_to_save); PSOFT and E2LoRA also write their exact plain-LoRA export to OUT/as_lora, a digits run the
-pre-trained ViT to OUT/base. Metrics JSON goes to stdout, the progress bar to stderr.
+pre-trained ViT to OUT/base; a text run's README.md says how to load its LoRA in peft (peft_base). Metrics JSON goes to stdout, the progress bar to stderr.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def run(argv: list[str] | None = None) -> dict:
     model_name = args.model or (VIT_DIGITS if cfg.task == DIGITS_TASK else BUNDLED_MINILM)
     check_workload(parser, cfg, model_name)
     from .. import distributed  # torch: imported once the command runs (the parser needs none of it)
+    from .interop import README, model_card
 
     runner = run_digits if cfg.task == DIGITS_TASK else run_text
     distributed.setup()  # under torchrun: DDP over --nproc_per_node processes (training/distributed.py)
@@ -101,6 +102,10 @@ def run(argv: list[str] | None = None) -> dict:
         for name, base in extra.items():
             base.save_pretrained(tmp / name)
         (tmp / "finetune.json").write_text(cfg.to_json())
+        source = MINILM_HUB_ID if model_name == BUNDLED_MINILM else model_name
+        card = None if cfg.task == DIGITS_TASK else model_card(cfg.method, cfg.task, metrics["labels"], source)
+        if card is not None:  # which base to load the LoRA onto in peft (interop.py)
+            (tmp / README).write_text(card)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return {"out": str(out), **metrics}
 

@@ -26,18 +26,52 @@ from .finetune_config import (  # noqa: F401  (re-exported: the workload's names
 
 
 class MeanPoolClassifier(nn.Module):
-    """Encoder -> masked mean over tokens -> linear head (the sentence-transformers pooling of MiniLM)."""
+    """Encoder -> masked mean over tokens -> linear head (the sentence-transformers pooling of MiniLM).
+
+    It behaves like a transformers classifier where ``peft`` needs one: ``config`` is the encoder's transformers
+    config, and a call with ``labels`` or ``return_dict=True`` (as ``PeftModelForSequenceClassification`` makes it)
+    returns a ``SequenceClassifierOutput`` (``loss`` = cross-entropy when ``labels`` are given, ``logits``); the
+    plain call ``model(input_ids, attention_mask)`` returns the logits (B, labels). Its keys are those of
+    ``BertForSequenceClassification``, which pools differently (the CLS pooler): load a veil adapter onto the base
+    :func:`veil.training.adapters.peft_base` returns, never onto that class.
+    """
 
     def __init__(self, encoder: nn.Module, num_labels: int) -> None:
         super().__init__()
         self.bert = encoder
         self.classifier = nn.Linear(encoder.config.hidden_size, num_labels)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+    @property
+    def config(self) -> Any:
+        """The encoder's transformers config (what ``peft`` reads, e.g. ``return_dict``)."""
+        return self.bert.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                return_dict: bool | None = None, **unused: Any) -> Any:
+        """Logits (B, labels), or a ``SequenceClassifierOutput`` with ``labels`` or ``return_dict=True``.
+
+        Raises:
+            TypeError: a keyword a transformers classifier takes but this one cannot honour is not None
+                (``inputs_embeds``, ``output_attentions``, ``output_hidden_states``; ``peft`` passes them as None).
+        """
+        given = sorted(k for k, v in unused.items() if v is not None)
+        if given:
+            raise TypeError(f"MeanPoolClassifier.forward: expected input_ids, attention_mask, token_type_ids, labels, "
+                            f"return_dict (other keywords None), received {given}")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                           token_type_ids=token_type_ids).last_hidden_state  # (B, T, H)
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, H)
-        return self.classifier(pooled)  # (B, num_labels)
+        logits = self.classifier(pooled)  # (B, num_labels)
+        if labels is None and not return_dict:
+            return logits
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        loss = None if labels is None else nn.functional.cross_entropy(logits, labels)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
 def load_encoder(model: str):

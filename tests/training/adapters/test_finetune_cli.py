@@ -36,7 +36,11 @@ def test_unknown_task_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> No
 
 @pytest.mark.parametrize("method", ["lora", "psoft"])
 def test_tiny_run_writes_a_peft_adapter(method: str, tmp_path) -> None:
+    """Issue 33.1: the documented PEFT path (``peft_base`` + ``PeftModel.from_pretrained``, the model called as a
+    transformers classifier) gives veil's logits; the run's README names that path."""
     import peft
+    import torch
+    from veil.training.adapters import AdapterModel, peft_base
     from veil.training.adapters.finetune import build_classifier
 
     metrics = run(["--method", method, "--task", "number", "--out", str(tmp_path / "a"), *TINY])
@@ -44,9 +48,17 @@ def test_tiny_run_writes_a_peft_adapter(method: str, tmp_path) -> None:
     folder = tmp_path / "a" if method == "lora" else tmp_path / "a" / "as_lora"
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["modules_to_save"] == ["classifier"]
-    base, _ = build_classifier("bundled:all-MiniLM-L6-v2", 2, seed=0)
+    base, tokenizer = peft_base(folder)
     loaded = peft.PeftModel.from_pretrained(base, folder)  # the head comes back from modules_to_save
-    assert any("classifier" in n for n, _ in loaded.named_parameters())
+    batch = tokenizer(["there were seven cats in the yard.", "there were many cats."], padding=True,
+                      return_tensors="pt")
+    veil_model = AdapterModel.from_pretrained(build_classifier("bundled:all-MiniLM-L6-v2", 2, seed=1)[0].eval(), folder)
+    with torch.no_grad():
+        out = loaded(**batch, labels=torch.tensor([1, 0]))  # called as a transformers model, token_type_ids too
+        expected = veil_model(batch["input_ids"], batch["attention_mask"])
+    assert out.loss is not None and (out.logits - expected).abs().max() <= 1e-5
+    readme = (tmp_path / "a" / "README.md").read_text()
+    assert "peft_base(" in readme and "BertForSequenceClassification" in readme
     assert json.loads((tmp_path / "a" / "metrics.json").read_text())["method"] == method
 
 
