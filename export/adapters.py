@@ -16,7 +16,8 @@ and ``adapter_model.safetensors`` with ``base_model.model.<module>.lora_A.weight
 
 **Heads.** A ``veil finetune`` text run saves its classifier with the LoRA (``modules_to_save: ["classifier"]``,
 tensors ``base_model.model.classifier.weight|bias``; the LoRA targets are paths under ``bert.``, the encoder of
-``MeanPoolClassifier``). The head is exported as part of the graph: a second output ``logits`` = the head on the
+``MeanPoolClassifier``); so does ``peft`` for a LoRA over ``peft_base(...)``, whose folder says nothing of the head's
+architecture: ``mean_pool_head=True`` (``--mean-pool-head``) declares it. The head is exported as part of the graph: a second output ``logits`` = the head on the
 masked-mean embedding before normalisation (exactly ``MeanPoolClassifier``), with the head's weight (labels, H)
 and bias (labels,) as graph inputs ``head.weight`` / ``head.bias`` (dynamic ``labels``) whose default is empty:
 with no adapter active, or an adapter without a head, ``logits`` has 0 columns. Each adapter's file carries its
@@ -105,9 +106,12 @@ def adapter_parity(model: nn.Module, spec: ExportSpec, session: ort.InferenceSes
 
 def export_adapters(model: nn.Module, spec: ExportSpec, adapters: dict[str, str | Path], repo: str | Path, name: str,
                     version: int = 1, merged_models: bool = False, manifest: dict[str, Any] | None = None,
-                    max_batch_size: int = 32, cache_size: int = 8) -> dict[str, Any]:
+                    max_batch_size: int = 32, cache_size: int = 8, mean_pool_head: bool = False) -> dict[str, Any]:
     """Write ``<repo>/<name>`` (adapter-as-input graph, ``adapters/<id>.onnx_adapter``) and, with
     ``merged_models``, one merged model ``<repo>/<name>-<id>`` per adapter; returns the manifest.
+
+    Args:
+        mean_pool_head: every saved ``classifier`` is veil's ``MeanPoolClassifier`` head (see :func:`read_lora`).
 
     Raises:
         ExportError: an adapter folder, id or module does not fit the base.
@@ -116,7 +120,7 @@ def export_adapters(model: nn.Module, spec: ExportSpec, adapters: dict[str, str 
     bad = [i for i in adapters if not NAME_PATTERN.match(i)]
     if bad or not adapters:
         raise ExportError(f"--adapter: expected one or more ids of letters, digits, '_', '.', '-', received {bad or '[]'}")
-    loras = [read_lora(adapter_id, folder) for adapter_id, folder in adapters.items()]
+    loras = [read_lora(adapter_id, folder, mean_pool_head) for adapter_id, folder in adapters.items()]
     targets = adapter_targets(model, loras)
     rank = max(a.shape[0] for lora in loras for a, _, _ in lora.modules.values())
     heads = any(lora.head is not None for lora in loras)

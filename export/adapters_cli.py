@@ -6,7 +6,8 @@ listing the adapters; with ``--merged`` also one merged model ``<repo>/<name>-<i
 checked against PyTorch (base + adapter applied unmerged), and against its merged graph with ``--merged``.
 A ``veil finetune`` text run (``--adapter ID=runs/lora-topic``) brings its classifier head: the graph then also
 outputs ``logits`` (the head on the mean-pooled embedding, each adapter with its own labels; 0 columns when no
-adapter with a head is active).
+adapter with a head is active). A LoRA that peft saved over veil's base (`peft_base`, head in modules_to_save) has no
+finetune.json: --mean-pool-head says its `classifier` is that head.
 
 Examples:
     veil export adapters bundled:all-MiniLM-L6-v2 --adapter tenant1=runs/lora1 --repo models --name minilm
@@ -44,6 +45,9 @@ def build_parser(prog: str = "veil export adapters") -> argparse.ArgumentParser:
     parser.add_argument("--adapter", type=adapter_arg, action="append", required=True, metavar="ID=FOLDER",
                         help="a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) or a `veil "
                              "finetune` LoRA run (its head becomes the `logits` output); repeatable")
+    parser.add_argument("--mean-pool-head", action="store_true",
+                        help="a saved `classifier` without finetune.json beside it is veil's MeanPoolClassifier head "
+                             "(a LoRA peft saved over peft_base(...)); it becomes the `logits` output")
     parser.add_argument("--merged", action="store_true", help="also write one merged model <name>-<id> per adapter")
     parser.add_argument("--max-batch-size", type=int, default=32, help="config.pbtxt max_batch_size (default 32)")
     parser.add_argument("--cache-size", type=int, default=8, help="adapters kept loaded by the server (LRU, default 8)")
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     model, config = load_sentence_encoder(folder)
     manifest = export_adapters(model, sentence_encoder_spec(config), adapters, args.repo, args.name, args.version,
                                merged_models=args.merged, max_batch_size=args.max_batch_size,
-                               cache_size=args.cache_size,
+                               cache_size=args.cache_size, mean_pool_head=args.mean_pool_head,
                                manifest={"source": {"model": args.base, "architecture": config.model_type},
                                          "pooling": "mean", "normalize": model.normalize})
     summary = {"repository": str(args.repo), "name": args.name, "rank": manifest["lora"]["rank"],

@@ -57,8 +57,13 @@ def finetune_run(folder: Path) -> dict[str, Any] | None:
     return None
 
 
-def read_lora(adapter_id: str, folder: str | Path) -> LoraWeights:
-    """Read a PEFT LoRA folder; raise ExportError naming the file, field, expected and received value."""
+def read_lora(adapter_id: str, folder: str | Path, mean_pool_head: bool = False) -> LoraWeights:
+    """Read a PEFT LoRA folder; raise ExportError naming the file, field, expected and received value.
+
+    Args:
+        mean_pool_head: a saved ``classifier`` is the head of veil's ``MeanPoolClassifier`` (a LoRA ``peft`` saved
+            over ``peft_base(...)`` has no finetune.json to say so); a ``veil finetune`` text run needs no flag.
+    """
     folder = Path(folder)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (folder / name).is_file():
@@ -76,7 +81,7 @@ def read_lora(adapter_id: str, folder: str | Path) -> LoraWeights:
         digest.update((folder / name).read_bytes())
     saved = set(config.get("modules_to_save") or [])
     run = finetune_run(folder)
-    head_run = run is not None and run.get("task") != "digits-5to9"
+    head_run = mean_pool_head or (run is not None and run.get("task") != "digits-5to9")
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     head: dict[str, torch.Tensor] = {}
     for key, tensor in load_file(str(folder / WEIGHTS_FILE)).items():
@@ -87,11 +92,7 @@ def read_lora(adapter_id: str, folder: str | Path) -> LoraWeights:
                 head[param] = tensor.float()
                 continue
             if module in saved:
-                raise ExportError(f"adapter {adapter_id!r}: tensor {key!r} is a saved module (modules_to_save "
-                                  f"{sorted(saved)}), not LoRA; `veil export adapters` puts a head into the graph only "
-                                  "for `veil finetune` text runs (the 'classifier' on the mean-pooled embedding). "
-                                  "Export this model with `veil export finetuned RUN --repo REPO --name NAME`, or "
-                                  "save the adapter without modules_to_save")
+                raise ExportError(saved_module_error(adapter_id, key, sorted(saved), run is not None))
             raise ExportError(f"adapter {adapter_id!r}: tensor {key!r} expected 'base_model.model.<module>.lora_A|B"
                               ".weight' (LoRA on Linear layers only)")
         path = match["module"].removeprefix("bert.") if head_run else match["module"]  # MeanPoolClassifier.bert
@@ -110,3 +111,16 @@ def read_lora(adapter_id: str, folder: str | Path) -> LoraWeights:
     return LoraWeights(adapter_id, folder, rank, alpha, sorted(targets) if isinstance(targets, list) else [targets],
                        digest.hexdigest(), modules, (head["weight"], head["bias"]) if head else None,
                        run.get("_labels") if head and run else None)
+
+
+def saved_module_error(adapter_id: str, key: str, saved: list[str], has_run: bool) -> str:
+    """Why a saved module cannot go into the graph, and the one way out that accepts this folder."""
+    what = (f"adapter {adapter_id!r}: tensor {key!r} is a saved module (modules_to_save {saved}), not LoRA; `veil "
+            "export adapters` puts a head into the graph only as veil's MeanPoolClassifier head (the 'classifier' "
+            "on the mean-pooled embedding). ")
+    if has_run:  # a veil finetune run of another workload (the digits ViT): its own exporter reads finetune.json
+        return what + "Export this run with `veil export finetuned RUN --repo REPO --name NAME`"
+    return what + ("If it is that head (a LoRA peft saved over `peft_base(...)` or `build_classifier(...)`), pass "
+                   "--mean-pool-head (Python: mean_pool_head=True); a head of another architecture (e.g. "
+                   "BertForSequenceClassification's CLS pooler) cannot be served this way: save the adapter "
+                   "without modules_to_save")

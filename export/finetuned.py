@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 from veil.training.adapters import AdapterModel
-from veil.training.adapters.finetune import BUNDLED_MINILM, MINILM_HUB_ID, build_classifier
+from veil.training.adapters.finetune import build_classifier
+from veil.training.adapters.interop import encoder_source
 
 from .adapters import ExportSpec
 from .encoder import DYNAMIC, random_tokens
@@ -61,9 +62,15 @@ class ImageClassifier(nn.Module):
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON file of a run folder; a missing one is an ExportError (a PEFT LoRA folder: the way it is served)."""
     if not path.is_file():
+        hint = ""
+        if path.name == "finetune.json" and (path.parent / "adapter_config.json").is_file():
+            hint = ("; a PEFT LoRA folder without it (e.g. saved by peft over `peft_base(...)`, head in "
+                    "modules_to_save) is served by `veil export adapters BASE --adapter ID=FOLDER --mean-pool-head "
+                    "--repo REPO --name NAME`")
         raise ExportError(f"{what}: expected {path.name} in the run folder {str(path.parent)!r} (written by veil "
-                          f"finetune), received no such file")
+                          f"finetune), received no such file{hint}")
     return json.loads(path.read_text())
 
 
@@ -90,9 +97,8 @@ def load_run(run: str | Path, base: str | None = None) -> tuple[nn.Module, dict[
     labels = metrics.get("labels")
     if not labels:
         raise ExportError(f"run: expected 'labels' in {run / 'metrics.json'}, received {sorted(metrics)}")
-    source = base or adapter.get("base_model_name_or_path") or BUNDLED_MINILM
-    source = BUNDLED_MINILM if source == MINILM_HUB_ID else source
-    classifier, _ = build_classifier(source, len(labels), seed=settings.get("seed", 0))
+    classifier, _ = build_classifier(base or encoder_source(adapter.get("base_model_name_or_path")), len(labels),
+                                     seed=settings.get("seed", 0))
     return TextClassifier(AdapterModel.from_pretrained(classifier.eval(), run)).eval(), settings, metrics
 
 
