@@ -4,6 +4,7 @@ finetune.json) is served with its head, and the two exporters' errors lead to th
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import peft
@@ -13,8 +14,9 @@ from fastapi.testclient import TestClient
 from transformers import BertConfig, BertModel
 from veil.engine.server import create_app
 from veil.export import ExportError
-from veil.export.adapters import export_adapters, read_lora, sentence_encoder_spec
-from veil.export.encoder import SentenceEncoder, random_tokens
+from veil.export.adapters import read_lora
+from veil.export.adapters_cli import main as cli_main
+from veil.export.encoder import random_tokens
 from veil.export.finetuned import load_run
 from veil.training.adapters.finetune import MeanPoolClassifier
 
@@ -38,17 +40,19 @@ def peft_head(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "folder": root / "peft", "model": model.eval(), "encoder": encoder}
 
 
-def test_a_peft_saved_head_is_served_with_the_peft_models_logits(peft_head: dict, oip) -> None:
-    encoder = SentenceEncoder(peft_head["encoder"], normalize=False).eval()
-    repo = peft_head["root"] / "repo"
-    manifest = export_adapters(encoder, sentence_encoder_spec(encoder.encoder.config), {"p": peft_head["folder"]},
-                               repo, "tiny", mean_pool_head=True)
+def test_a_peft_saved_head_is_served_with_the_peft_models_logits(peft_head: dict, oip, capsys) -> None:
+    root = peft_head["root"]
+    peft_head["encoder"].save_pretrained(root / "encoder")  # the base encoder as a transformers folder
+    assert cli_main([str(root / "encoder"), "--adapter", f"p={peft_head['folder']}", "--mean-pool-head",
+                     "--repo", str(root / "repo"), "--name", "tiny"]) == 0
+    assert json.loads(capsys.readouterr().out)["adapters"][0]["id"] == "p"
+    manifest = json.loads((root / "repo" / "tiny" / "veil.json").read_text())
     assert manifest["adapters"][0]["head"]["num_labels"] == 3
     tokens = random_tokens(CONFIG["vocab_size"], batch=3, sequence=7, seed=4)
     tokens["attention_mask"][0, 4:] = 0  # padding: the mean is over the real tokens only
     with torch.no_grad():
         expected = peft_head["model"](**tokens).logits.numpy()  # peft's own forward of its saved model
-    with TestClient(create_app(oip.make_config(repo))) as client:
+    with TestClient(create_app(oip.make_config(root / "repo"))) as client:
         content, headers = oip.binary_body([(k, "INT64", v.numpy()) for k, v in tokens.items()])
         r = client.post("/v2/models/tiny:p/infer", content=content, headers=headers)
     assert r.status_code == 200, r.text
