@@ -9,10 +9,12 @@ saved tensors are relative to bases re-derived at load (PSOFT) convert them to P
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -24,33 +26,36 @@ if TYPE_CHECKING:
     from .model import AdapterModel
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
+BASE_KEY = "veil_base"  # safetensors metadata: the class of the base the adapter was saved over (peft ignores it)
 
 
 def save_adapter(model: AdapterModel, out_dir: str | Path) -> Path:
     """Write the adapter's config and tensors into ``out_dir`` as one atomic folder swap."""
-    return write_adapter(out_dir, model.config.to_peft_dict(), model.adapter_state_dict())
+    return write_adapter(out_dir, model.config.to_peft_dict(), model.adapter_state_dict(), type(model.model).__name__)
 
 
-def write_adapter(out_dir: str | Path, config: dict[str, Any], state: dict[str, torch.Tensor]) -> Path:
-    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out_dir`` atomically.
+def write_adapter(out_dir: str | Path, config: dict[str, Any], state: dict[str, torch.Tensor],
+                  base: str | None = None) -> Path:
+    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out_dir`` atomically; ``base`` (the
+    base model's class name) goes into the tensors' metadata, which :func:`load_adapter` checks.
 
     Raises:
         ValueError: ``state`` is empty (an empty checkpoint is refused, not written).
     """
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
-        write_files(tmp, config, state)
+        write_files(tmp, config, state, base)
     return out_dir
 
 
-def write_files(folder: Path, config: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+def write_files(folder: Path, config: dict[str, Any], state: dict[str, torch.Tensor], base: str | None = None) -> None:
     """The two files, written into an existing (temporary) folder; see :func:`write_adapter`."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     if not tensors:
         raise ValueError("save_pretrained: expected adapter tensors, received none (nothing to save)")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
-    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt", **({BASE_KEY: base} if base else {})})
 
 
 def read_config(path: str | Path):
@@ -68,11 +73,21 @@ def read_config(path: str | Path):
 
 
 def load_adapter(base_model: nn.Module, path: str | Path) -> AdapterModel:
-    """Inject the adapter saved at ``path`` into ``base_model`` (modified in place) and load its tensors."""
+    """Inject the adapter saved at ``path`` into ``base_model`` (modified in place) and load its tensors.
+
+    Warns when veil saved the adapter over a base of another class (the keys may fit while the function differs:
+    a ``MeanPoolClassifier`` adapter on ``BertForSequenceClassification``).
+    """
     path = Path(path)
     config = read_config(path)
     if not (path / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"adapter {str(path)!r}: expected {WEIGHTS_NAME}, not found")
+    with safe_open(str(path / WEIGHTS_NAME), framework="pt") as weights:
+        saved = (weights.metadata() or {}).get(BASE_KEY)
+    if saved is not None and saved != type(base_model).__name__:
+        warnings.warn(f"adapter {str(path)!r}: base model expected a {saved} (what it was saved over), received a "
+                      f"{type(base_model).__name__}; matching keys do not make the same function (a veil finetune "
+                      "text run: load it onto peft_base(path))", UserWarning, stacklevel=3)
     model = get_method(config.method).model_cls(base_model, config)
     model.load_adapter_state_dict(load_file(str(path / WEIGHTS_NAME)))
     return model

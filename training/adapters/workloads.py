@@ -129,11 +129,12 @@ def save_adapter(folder: Path, model: nn.Module) -> None:
     """The native checkpoint, plus the plain-LoRA export (E²LoRA ``save_as_lora``, PSOFT ``lora_state_dict``)."""
     from .checkpoint import write_files
 
-    write_files(folder, model.config.to_peft_dict(), model.adapter_state_dict())
+    base = type(model.model).__name__  # checked when veil loads the adapter (checkpoint.load_adapter)
+    write_files(folder, model.config.to_peft_dict(), model.adapter_state_dict(), base)
     if hasattr(model, "save_as_lora"):
         model.save_as_lora(folder / "as_lora")
     elif hasattr(model, "lora_state_dict"):
-        write_files(folder / "as_lora", model.lora_config().to_peft_dict(), model.lora_state_dict())
+        write_files(folder / "as_lora", model.lora_config().to_peft_dict(), model.lora_state_dict(), base)
 
 
 # -- the digits workload --------------------------------------------------------------------------------------------

@@ -80,4 +80,5 @@ class E2LoraModel(AdapterModel):
 
     def save_as_lora(self, out_dir: str | Path) -> Path:
         """Write the un-shared export as an ordinary PEFT-layout LoRA checkpoint (atomic folder swap)."""
-        return write_adapter(out_dir, self.lora_config().to_peft_dict(), self.lora_state_dict())
+        return write_adapter(out_dir, self.lora_config().to_peft_dict(), self.lora_state_dict(),
+                             type(self.model).__name__)

@@ -122,4 +122,5 @@ class PsoftModel(AdapterModel):
 
     def save_as_lora(self, out_dir: str | Path) -> Path:
         """Write the exact LoRA export in the PEFT layout (atomic folder swap)."""
-        return write_adapter(out_dir, self.lora_config().to_peft_dict(), self.lora_state_dict())
+        return write_adapter(out_dir, self.lora_config().to_peft_dict(), self.lora_state_dict(),
+                             type(self.model).__name__)
