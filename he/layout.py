@@ -6,6 +6,11 @@ chosen among a few candidates by the rotations it costs (:func:`veil.he.packing.
 - *in place* on the input's spatial grid: output (co, i, j) at ``co S + g s (i W0 + j)`` for a stride s
   (1, 2, 3, ...; a strided convolution or a pooling), so the gap g of he.md §7.2 is multiplied by s and the
   next layer's taps rotate by ``g s (di W0 + dj)``; a global pooling (s = H) leaves channel co at ``co S``;
+- *multiplexed* in place (Lee et al. 2022, multiplexed parallel convolutions): the same grid with gap G = g s,
+  but channel co on its own sub-lattice ``base_co + G (i W0 + j)``, ``base_co = q S + u W0 + v`` with
+  (u, v) in [0, G)^2 the lattice's offset and q the channel-stride block: the G^2 - 1 slots a stride leaves
+  empty around each output hold other channels, so a stride-2 conv that doubles the channels keeps the block
+  (and needs no repack: its offsets do not depend on (i, j), unlike a compact output's);
 - *compact* ``0 .. F - 1`` (a dense layer; for a (C, H, W) output a new dense base grid, which repacks a
   strided layer's output inside its own masks at no extra cost);
 - *channel-strided* ``r S`` (a dense head over a channel-multiplexed input: offsets (c - r) S + pixel).
@@ -56,9 +61,21 @@ class Grid:
     gap: int
     row: int
     rows: int
+    bases: tuple[int, ...] | None = None  # multiplexed: channel c's first slot (else c S)
 
-    def to_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if self.bases is None:
+            del out["bases"]
+        else:
+            out["bases"] = list(self.bases)
+        return out
+
+    def channel_bases(self) -> np.ndarray:
+        """Each channel's first slot: ``bases`` when multiplexed, else ``c S``."""
+        if self.bases is not None:
+            return np.asarray(self.bases, dtype=np.int64)
+        return np.arange(self.channels, dtype=np.int64) * self.channel_stride
 
 
 @dataclasses.dataclass
@@ -79,15 +96,32 @@ def natural(shape: tuple[int, ...]) -> Layout:
     return Layout(positions)
 
 
-def in_place(grid: Grid, shape: tuple[int, ...], stride: int) -> Layout | None:
-    """Outputs (co, i, j) at ``co S + g stride (i W0 + j)``, or None when they leave the base grid."""
+def in_place(grid: Grid, shape: tuple[int, ...], stride: int, multiplex: bool = False) -> Layout | None:
+    """Outputs (co, i, j) at ``base_co + g stride (i W0 + j)``, or None when they leave the base grid.
+
+    ``base_co`` is ``co S``, or with ``multiplex`` the co-th sub-lattice offset :func:`multiplexed_bases` gives.
+    """
     channels, height, width = shape
     gap = grid.gap * stride
     if gap * (height - 1) >= grid.rows or gap * (width - 1) >= grid.row:
         return None
-    c, i, j = np.meshgrid(np.arange(channels), np.arange(height), np.arange(width), indexing="ij")
-    positions = (c * grid.channel_stride + gap * (i * grid.row + j)).reshape(-1).astype(np.int64)
-    return Layout(positions, Grid(channels, height, width, grid.channel_stride, gap, grid.row, grid.rows))
+    bases = multiplexed_bases(grid, (channels, height, width), gap) if multiplex else None
+    layout_grid = Grid(channels, height, width, grid.channel_stride, gap, grid.row, grid.rows, bases)
+    i, j = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+    positions = layout_grid.channel_bases()[:, None] + (gap * (i * grid.row + j)).reshape(1, -1)
+    return Layout(positions.reshape(-1).astype(np.int64), layout_grid)
+
+
+def multiplexed_bases(grid: Grid, shape: tuple[int, int, int], gap: int) -> tuple[int, ...] | None:
+    """The first slots of ``shape[0]`` disjoint sub-lattices of gap ``gap`` on ``grid``'s base grid, in the order
+    (channel-stride block q, row offset u, column offset v), or None when one lattice per block is all there is."""
+    channels, height, width = shape
+    rows = [u for u in range(gap) if u + gap * (height - 1) < grid.rows]
+    cols = [v for v in range(gap) if v + gap * (width - 1) < grid.row]
+    cell = [u * grid.row + v for u in rows for v in cols]
+    if len(cell) < 2:
+        return None
+    return tuple((c // len(cell)) * grid.channel_stride + cell[c % len(cell)] for c in range(channels))
 
 
 def candidates(shape: tuple[int, ...], inputs: list[Layout]) -> list[Layout]:
@@ -97,9 +131,10 @@ def candidates(shape: tuple[int, ...], inputs: list[Layout]) -> list[Layout]:
     found: list[Layout] = []
     for grid in grids if len(shape) == 3 else []:
         for stride in range(1, max(grid.rows, grid.row) + 1):
-            layout = in_place(grid, shape, stride)
-            if layout is not None:
-                found.append(layout)
+            for multiplex in (False, True):
+                layout = in_place(grid, shape, stride, multiplex)
+                if layout is not None and (layout.grid.bases is not None or not multiplex):
+                    found.append(layout)
     found.append(natural(shape))  # compact: a new base grid when spatial (a repack inside this op's masks)
     grid = grids[0] if grids else None
     if grid is not None and features > 1:
