@@ -6,8 +6,11 @@ import argparse
 import asyncio
 import json
 import re
+import socket
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,67 @@ from veil.config import write_atomic
 from veil.machine import describe
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+VEIL = [sys.executable, "-m", "veil.cli"]
+
+
+def run_child(command: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS GB, stdout) of a child process (RSS from its rusage: the largest child so far)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return wall, max(peak, before) / 1e6, done.stdout  # ru_maxrss is in kB on Linux
+
+
+class ServeProcess:
+    """``veil serve`` as a process of its own on 127.0.0.1 (its memory told apart from the client's).
+
+    ``with ServeProcess(repo, ["--he-encoded-mb", "512"]) as url: ...``; ``peak_rss_gb`` (VmHWM) is read
+    before the server is stopped."""
+
+    def __init__(self, repo: Path, flags: list[str] | None = None, timeout_s: float = 900.0) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.command = [*VEIL, "serve", "--repo", str(repo), "--port", str(self.port), "--log-level", "warning",
+                        *(flags or [])]
+        self.timeout_s, self.peak_rss_gb, self.process = timeout_s, None, None
+
+    def __enter__(self) -> str:
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        url, deadline = f"http://127.0.0.1:{self.port}", time.monotonic() + self.timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"veil serve exited ({self.process.returncode}): {self.process.stderr.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as response:
+                    if response.status == 200:
+                        return url
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise RuntimeError(f"veil serve not ready after {self.timeout_s:.0f} s")
+            time.sleep(0.5)
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            status = Path(f"/proc/{self.process.pid}/status").read_text()
+            self.peak_rss_gb = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1e6
+        except (OSError, AttributeError):
+            pass
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
 
 
 def write_section(results_md: Path, key: str, body: str) -> None:

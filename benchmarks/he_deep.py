@@ -52,7 +52,7 @@ from veil.training.uldnet import (
 from veil.training.uldnet.config import DIGITS_PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import argument_parser, command_line, environment, save_results
+from common import VEIL, ServeProcess, argument_parser, command_line, environment, run_child, save_results
 
 
 def preset_lr(arch: str) -> float:
@@ -171,6 +171,107 @@ def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bit
     }
 
 
+def resnet_checkpoint(folder: Path, width: int, depth: int) -> Path:
+    """The photos32 PolyResNet (``veil train uldnet --preset photos32 --arch resnet``, its default recipe), trained
+    once into ``folder`` (the name benchmarks/he_resnet.py's --cache uses) and reused after."""
+    path = folder / f"photos32-resnet-w{width}-d{depth}"
+    if not (path / "metrics.json").is_file():
+        run_child([*VEIL, "train", "uldnet", "--preset", "photos32", "--arch", "resnet", "--width", str(width),
+                   "--depth", str(depth), "--out", str(path), "--no-progress"])
+    return path
+
+
+# photos32 is built to be hard (docs/uldnet.md: raw-pixel logistic regression < 60 %), so its gate is that baseline,
+# not the digits' 90 %: a model at chance (10 %) is still refused
+MIN_PHOTOS32_ACCURACY = 0.60
+
+
+def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int, encoded_mb: int,
+                         max_minutes: float, min_accuracy: float = MIN_PHOTOS32_ACCURACY) -> dict[str, Any]:
+    """A CIFAR-size (32x32x3) PolyResNet end to end: ``veil export he --refresh`` and ``veil serve`` each in a
+    process of their own (so the server's and the client's peak RSS are told apart), ``HeSession`` here.
+
+    The first request holds one image; the next ones as many as one ciphertext of every segment holds. Requests
+    stop once ``max_minutes`` have passed (the images actually run are reported, never extrapolated)."""
+    import resource
+
+    from veil.training.uldnet.photos import load_photos32
+
+    accuracy = json.loads((ck / "metrics.json").read_text())["test_accuracy"]
+    if accuracy < min_accuracy:
+        return {"skipped": f"plain test accuracy {100 * accuracy:.1f} % < {100 * min_accuracy:.0f} %: not run "
+                           f"encrypted", "test_accuracy": accuracy}
+    repo = workdir / "repo"
+    export_s, export_gb, _ = run_child([*VEIL, "export", "he", str(ck), "--repo", str(repo), "--name", "resnet-he",
+                                        "--refresh", "--max-key-mib", str(max_key_mib)])
+    manifest = json.loads((repo / "resnet-he" / "1" / "segments.json").read_text())
+    data = load_photos32()
+    model, _ = load_uldnet(ck)
+    graph = export_graph(model, (torch.from_numpy(data.x_test[:2]),), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    x, y = data.x_test[:images], data.y_test[:images]
+    plain = ort.InferenceSession(graph.SerializeToString()).run(None, {"x": x})[0]
+    del model, graph
+    rows, logits = [], []
+    server = ServeProcess(repo, ["--he-encoded-mb", str(encoded_mb), "--he-processes", "1"])
+    with server as url:
+        start = time.perf_counter()
+        session = HeSession.create(url, "resnet-he", workdir / "keys" / "resnet.keyring", progress=False)
+        keygen_s = time.perf_counter() - start
+        key_bytes = sum(len(ring.evaluation_keys().to_bytes()) for _, _, ring in session.rings.values())
+        batch = min(int(seg["plan"]["batch_capacity"]) for seg in session.he["segments"])
+        deadline, i = time.monotonic() + 60 * max_minutes, 0
+        while i < images and time.monotonic() < deadline:
+            chunk = x[i:i + (1 if i == 0 else batch)]
+            t0 = time.perf_counter()
+            request = session.encrypt(chunk)
+            t1 = time.perf_counter()
+            result = session.infer(request)
+            t2 = time.perf_counter()
+            logits.append(session.decrypt(result))
+            t3 = time.perf_counter()
+            rounds, n = session.last_rounds, len(chunk)
+            served = sum(r["server_seconds"] for r in rounds)
+            rows.append({"images": n, "total_s": t3 - t0, "server_s": served,
+                         "refresh_s": sum(r.get("refresh_seconds", 0.0) for r in rounds),
+                         "network_s": sum(r["http_seconds"] for r in rounds) - served,
+                         "encrypt_decrypt_s": (t1 - t0) + (t3 - t2),
+                         "bytes": [(r["request_bytes"], r["result_bytes"]) for r in rounds],
+                         "round_server_s": [r["server_seconds"] for r in rounds]})
+            i += n
+            (ck / "he_rows.partial.json").write_text(json.dumps(  # a crash below must not lose an hour's rows
+                {"rows": rows, "logits": np.concatenate(logits).tolist(), "keygen_s": keygen_s}))
+            print(f"resnet: {i}/{images} images, {rows[-1]['total_s']:.1f} s for the last request", file=sys.stderr)
+    done = np.concatenate(logits)
+    ran = len(done)
+    predicted = [seg["cost"]["predicted_seconds"] for seg in manifest["report"]["segments"]]
+    per_round = [{"round": k, "request_bytes": int(statistics.median(r["bytes"][k][0] for r in rows)),
+                  "result_bytes": int(statistics.median(r["bytes"][k][1] for r in rows)),
+                  "server_s_per_request": statistics.median(r["round_server_s"][k] for r in rows),
+                  "predicted_s": predicted[k]} for k in range(manifest["rounds"])]
+    full = [r for r in rows if r["images"] == batch] or rows
+    return {
+        "images": ran, "images_asked": images, "images_per_request": batch, "rounds": manifest["rounds"],
+        "cuts": manifest["cuts"], "max_minutes": max_minutes,
+        "segments": [{"levels": seg["levels"], "poly_modulus_degree": seg["poly_modulus_degree"]}
+                     for seg in manifest["report"]["segments"]],
+        "unsegmented_levels": json.loads((ck / "metrics.json").read_text()).get("depth_total"),
+        "why": manifest["report"]["why"],
+        "argmax_agreement": float((done.argmax(1) == plain[:ran].argmax(1)).mean()),
+        "accuracy_encrypted": float((done.argmax(1) == y[:ran]).mean()),
+        "accuracy_plaintext": float((plain[:ran].argmax(1) == y[:ran]).mean()),
+        "max_abs_logit_error": float(np.abs(done - plain[:ran]).max()),
+        "one_image_s": {k: rows[0][k] for k in ("total_s", "server_s", "refresh_s", "network_s", "encrypt_decrypt_s")},
+        "seconds_per_image": {k: statistics.median(r[k] / r["images"] for r in full)
+                              for k in ("total_s", "server_s", "refresh_s", "network_s", "encrypt_decrypt_s")},
+        "seconds_per_image_spread": [min(r["total_s"] / r["images"] for r in full),
+                                     max(r["total_s"] / r["images"] for r in full)],
+        "bytes_per_round": per_round, "keygen_register_s": keygen_s, "key_bytes": key_bytes,
+        "export_compile_s": export_s, "export_peak_rss_gb": export_gb, "server_peak_rss_gb": server.peak_rss_gb,
+        "client_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "encoded_mb": encoded_mb, "test_accuracy": accuracy,
+    }
+
+
 # The digits PolyViT run encrypted: the paper's per-sample PolyNorm statistics over (N, D) (he.md §1.2; per-token
 # statistics are not lowered), one block, 4 heads of 8, 4 tokens of 32: 19 levels in one piece.
 HE_VIT = {"width": 32, "depth": 1, "heads": 4, "patch_size": 4, "norm": {"token_stats": "sample"}}
@@ -260,7 +361,8 @@ def _details(label: str, r: dict[str, Any]) -> str:
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     deep = "PolyMLP" if report.get("arch") == "mlp" else "PolyCNN"
-    models = [(deep, report["cnn"])] + ([("PolyViT", report["vit"])] if report.get("vit") else [])
+    models = [(deep, report["cnn"])] + ([("PolyViT", report["vit"])] if report.get("vit") else []) \
+        + ([("PolyResNet (photos32)", report["resnet"])] if report.get("resnet") else [])
     lines = [
         "## Deep models encrypted with client refresh (`he_deep`)", "",
         f"{env['date']}, {env['machine']}; `{report['command']}`. Digits {deep} width {report['width']} "
@@ -278,6 +380,18 @@ def markdown(report: dict[str, Any]) -> str:
         *(_row(label, r) for label, r in models), "",
         *(_details(label, r) + "\n" for label, r in models),
     ]
+    if report.get("resnet") and "skipped" not in report["resnet"]:
+        r, c = report["resnet"], report.get("resnet_config", {})
+        lines += [f"PolyResNet (photos32): width {c.get('width')}, {c.get('depth')} block(s) per stage, 32x32x3, "
+                  f"{r['images']} of the {r['images_asked']} test images asked for ran within the "
+                  f"{r['max_minutes']:g}-minute budget, one image per request (a ciphertext holds "
+                  f"{r['images_per_request']}); the first request: {r['one_image_s']['total_s']:.1f} s "
+                  f"(server {r['one_image_s']['server_s']:.1f} s); per image {r['seconds_per_image']['total_s']:.1f} s "
+                  f"median (spread {r['seconds_per_image_spread'][0]:.1f}-{r['seconds_per_image_spread'][1]:.1f} s). "
+                  f"`veil export he` {r['export_compile_s']:.0f} s at {r['export_peak_rss_gb']:.1f} GB; `veil serve` "
+                  f"(its own process, masks encoded at load up to {r['encoded_mb']} MiB) peak RSS "
+                  f"{r['server_peak_rss_gb']:.1f} GB; the client (this process, torch and the ONNX reference "
+                  f"included) {r['client_peak_rss_gb']:.1f} GB.", ""]
     if report.get("ring_65536"):
         r = report["ring_65536"]
         lines += ["", f"N = 65536 (28 levels, log2 Q = {r['log2_q']} <= {r['he_standard_128_bound']}): SEAL's "
@@ -313,6 +427,13 @@ def main(argv: list[str] | None = None) -> int:
                         "the previous docs/results/he_deep.json)")
     parser.add_argument("--min-accuracy", type=float, default=MIN_PLAIN_ACCURACY,
                         help="a model whose plain test accuracy is below this is not run encrypted (--quick: 0)")
+    parser.add_argument("--resnet", action="store_true", help="also the photos32 PolyResNet row (CIFAR size, 32x32x3; "
+                        "export and server in processes of their own)")
+    parser.add_argument("--resnet-width", type=int, default=8, help="PolyResNet base channels")
+    parser.add_argument("--resnet-depth", type=int, default=1, help="PolyResNet blocks per stage")
+    parser.add_argument("--resnet-images", type=int, default=50, help="photos32 test images run encrypted")
+    parser.add_argument("--resnet-minutes", type=float, default=60.0, help="no new PolyResNet request after this")
+    parser.add_argument("--max-key-mib", type=int, default=1200, help="PolyResNet export's key budget")
     parser.add_argument("--encoded-mb", type=int, default=512, help="per segment, masks encoded at load up to this "
                         "size (the rest at each use; server and client share this machine's memory)")
     args = parser.parse_args(argv)
@@ -328,8 +449,8 @@ def main(argv: list[str] | None = None) -> int:
                   "arch": args.arch, "width": width,
                   "epochs": args.epochs, "lr": lr, "precision_bits": args.precision_bits, "max_n": args.max_n,
                   "vit_config": {**HE_VIT, "width": args.vit_width}, "vit_epochs": args.vit_epochs}
-        previous = json.loads((args.out / "results" / "he_deep.json").read_text()) \
-            if args.skip_cnn or args.skip_vit else {}
+        previous_path = args.out / "results" / "he_deep.json"
+        previous = json.loads(previous_path.read_text()) if previous_path.is_file() else {}
         carried = {"command": previous.get("command"), "date": previous.get("environment", {}).get("date")}
         if args.skip_cnn:
             report.update({k: previous[k] for k in ("cnn", "arch", "width", "epochs", "lr") if k in previous})
@@ -344,6 +465,15 @@ def main(argv: list[str] | None = None) -> int:
             report["vit"] = run_encrypted(vit_checkpoint(cache, args.vit_width, args.vit_epochs), Path(tmp) / "vit",
                                           "vit", args.images, args.precision_bits, args.max_n or 16384,
                                           args.min_accuracy)
+        if args.resnet:
+            report["resnet_config"] = {"width": args.resnet_width, "depth": args.resnet_depth}
+            report["resnet"] = run_resnet_encrypted(
+                resnet_checkpoint(cache, args.resnet_width, args.resnet_depth), Path(tmp) / "resnet",
+                args.resnet_images, args.max_key_mib, args.encoded_mb, args.resnet_minutes)
+        elif "resnet" in previous:
+            report.update({k: previous[k] for k in ("resnet", "resnet_config") if k in previous})
+            report.setdefault("carried", {})["PolyResNet (photos32)"] = previous.get("carried", {}).get(
+                "PolyResNet (photos32)", carried)
     if args.ring_65536:
         report["ring_65536"] = ring_65536()
     (args.out / "results").mkdir(parents=True, exist_ok=True)  # the numbers first: a table bug must not lose them
@@ -351,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     save_results(args.out, "he_deep", report, markdown(report))
     (args.out / "results" / "he_deep.raw.json").unlink()
     print(json.dumps({row: {k: report[row].get(k) for k in ("rounds", "argmax_agreement", "seconds_per_image")}
-                      for row in ("cnn", "vit") if row in report}))
+                      for row in ("cnn", "vit", "resnet") if row in report}))
     return 0
 
 

@@ -16,30 +16,12 @@ prediction; the encrypted run is benchmarks/he_deep.py's job.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from common import argument_parser, command_line, environment, save_results
-
-VEIL = [sys.executable, "-m", "veil.cli"]
-
-
-def _timed(command: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS GB, stdout) of a child process (RSS from its rusage)."""
-    import resource
-
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(peak, before) / 1e6, done.stdout  # ru_maxrss is in kB on Linux: the largest child so far
+from common import VEIL, argument_parser, command_line, environment, run_child, save_results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (ck / "metrics.json").is_file():
         command = [*VEIL, "train", "uldnet", "--preset", "photos32", "--arch", "resnet", "--width", str(width),
                    "--depth", str(args.depth), "--out", str(ck), "--no-progress"]
-        train_s = _timed(command + (["--epochs", str(epochs), "--warmup-epochs", "1"] if epochs else []))[0]
+        train_s = run_child(command + (["--epochs", str(epochs), "--warmup-epochs", "1"] if epochs else []))[0]
     metrics = json.loads((ck / "metrics.json").read_text())
     repo = work / "repo"
-    export_s, export_gb, _ = _timed([*VEIL, "export", "he", str(ck), "--repo", str(repo), "--name", "resnet",
+    export_s, export_gb, _ = run_child([*VEIL, "export", "he", str(ck), "--repo", str(repo), "--name", "resnet",
                                      "--refresh", "--max-key-mib", str(args.max_key_mib)])
     version = repo / "resnet" / "1"
     spec = json.loads((version / "segments.json").read_text()) if (version / "segments.json").is_file() else None

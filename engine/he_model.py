@@ -69,11 +69,13 @@ class FanOut(Protocol):
 class Stage:
     """One segment as the server runs it: plan, parameters, pre-encoded evaluator, hashes, request bound."""
 
-    def __init__(self, index: int, plan: Plan, max_ciphertexts: int, processes: int = 1) -> None:
+    def __init__(self, index: int, plan: Plan, max_ciphertexts: int, processes: int = 1,
+                 encoded_bytes: int | None = None) -> None:
         self.index, self.plan, self.params = index, plan, plan.parameters()
-        # weights encoded here, not per call; processes != 1: workers forked after the encoding (veil.he.parallel)
-        self.evaluator = (PlanEvaluator(plan, self.params) if processes == 1 else
-                          ParallelEvaluator(plan, self.params, processes=processes or None))
+        # weights encoded here (up to encoded_bytes), not per call; processes != 1: workers forked after the
+        # encoding (veil.he.parallel)
+        self.evaluator = (PlanEvaluator(plan, self.params, encoded_bytes) if processes == 1 else
+                          ParallelEvaluator(plan, self.params, encoded_bytes, processes=processes or None))
         self.plan_hash, self.params_hash = plan.hash(), self.params.hash()
         self.max_ciphertexts = max_ciphertexts
 
@@ -94,6 +96,7 @@ class HeModel:
         self.config, self.name, self.version, self.path = config, config.name, str(version), path
         self.manifest, self.keystore = manifest, plane.keystore()
         self.processes = getattr(plane.options, "he_processes", 1)
+        self.encoded_bytes = getattr(plane.options, "he_encoded_bytes", None)
         self.ready, self.session, self.scheduler = False, None, None  # no ORT session, no batcher
         self.metrics: ModelMetrics | None = None
         # set by a deployment with evaluation workers (veil.engine.ray_serve, --he-workers): a latency request's
@@ -106,7 +109,10 @@ class HeModel:
         """Read and verify the plan, encode its weights once; then ready."""
         try:
             self.segmented = SegmentedPlan.load(self.path.parent)  # a plain plan folder is one segment
-            self.stages = [Stage(k, plan, self._max_ciphertexts(plan), self.processes) for k, plan in enumerate(self.segmented.plans)]
+            self.stages, budget = [], self.encoded_bytes  # one budget for the model, spent round by round
+            for k, plan in enumerate(self.segmented.plans):
+                self.stages.append(Stage(k, plan, self._max_ciphertexts(plan), self.processes, budget))
+                budget = self.stages[-1].evaluator.encoded_bytes_left
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path.parent}: {exc}") from None
         first = self.stages[0]  # what the first round (and a one-segment model) takes

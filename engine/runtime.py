@@ -68,6 +68,7 @@ class RuntimeOptions:
     graph_level: str = "all"
     io_binding: bool | None = None  # None: on exactly when the CUDA EP is active
     he_processes: int = 1  # HE models: processes per request (veil.he.parallel); 0: every core, 1: serial
+    he_encoded_bytes: int | None = None  # HE models: masks encoded at load, bytes per model (None: he.evaluate's)
 
 
 class Session:

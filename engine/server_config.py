@@ -73,6 +73,9 @@ class ServerConfig(Config):
     he_processes: int = field(1, "processes one HE request's large linear ops and ciphertexts are split over (forked "
                                  "workers sharing the encoded plan; veil.he.parallel); 0: every core, 1: serial "
                                  "(default until a speedup is measured: 0.78-0.96x on a loaded 2-core machine)")
+    he_encoded_mb: float = field(4096.0, "per HE model, plaintext masks encoded once at load up to this many MiB "
+                                         "(shared by a deep model's rounds in order; the rest is encoded at each "
+                                         "use): server memory traded for speed")
     he_keys_per_source: int = field(4, "HE key sets one client address may hold; one more evicts its least "
                                        "recently used")
 
@@ -86,6 +89,8 @@ class ServerConfig(Config):
         if self.max_json_elements < 1 or self.max_json_mb <= 0 or self.body_timeout_s <= 0:
             raise ConfigError(f"ServerConfig: expected max_json_elements >= 1, max_json_mb > 0 and body_timeout_s > 0, "
                               f"received {self.max_json_elements}, {self.max_json_mb} and {self.body_timeout_s}")
+        if self.he_encoded_mb < 0:
+            raise ConfigError(f"ServerConfig.he_encoded_mb: expected >= 0, received {self.he_encoded_mb}")
         if self.he_processes < 0:
             raise ConfigError(f"ServerConfig.he_processes: expected >= 0 (0: every core), received {self.he_processes}")
         if self.he_key_cache < 0 or self.he_keys_per_source < 1:
@@ -108,4 +113,5 @@ class ServerConfig(Config):
 
         providers = {"auto": providers_for("KIND_AUTO"), "cpu": [CPU], "cuda": providers_for("KIND_GPU")}[self.device]
         return RuntimeOptions(providers=providers, intra_op_threads=self.intra_op_threads,
-                              graph_level=self.graph_optimization, he_processes=self.he_processes)
+                              graph_level=self.graph_optimization, he_processes=self.he_processes,
+                              he_encoded_bytes=int(self.he_encoded_mb * 2**20))

@@ -100,6 +100,11 @@ class PlanEvaluator:
         for v, i in last_use.items():
             self._dead_after[i].append(v)
 
+    @property
+    def encoded_bytes_left(self) -> int:
+        """What is left of the ``encoded_bytes`` budget after the masks encoded at load (the next stage's share)."""
+        return self._budget
+
     # -- construction ----------------------------------------------------------------------------------
     def _prepare(self, op: dict[str, Any]) -> Any:
         chain, level = self.chain, op["level"]

@@ -425,6 +425,27 @@ def test_deep_model_through_the_cli(deep_repo, deep_live, tmp_path, capsys) -> N
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), reference(repo, data.x_test[:2]), atol=1e-2)
 
 
+def test_a_deep_models_rounds_share_one_encoding_budget(deep_repo, oip) -> None:
+    # --he-encoded-mb bounds the masks a model keeps encoded, over all its rounds (each round's evaluator used to
+    # take the whole 4 GiB default for itself: a CIFAR-size model's server passed 10 GB); 0 encodes none at load
+    from veil.engine.dataplane import DataPlane
+    from veil.engine.metrics import Metrics
+    from veil.engine.server import open_keystore
+
+    repo, _, _ = deep_repo
+    config = oip.make_config(repo)
+    planes = {mb: DataPlane(repo, config.replace(he_encoded_mb=mb).runtime_options(), Metrics(),
+                            lambda: open_keystore(config)) for mb in (0.0, 1.0)}
+    for mb, plane in planes.items():
+        plane.load_all(["deep-he"])
+        stages = plane.models["deep-he"]["1"].stages
+        left = [stage.evaluator.encoded_bytes_left for stage in stages]
+        assert len(stages) == 2 and left == sorted(left, reverse=True) and 0 <= left[-1] <= mb * 2**20
+    assert planes[0.0].models["deep-he"]["1"].stages[-1].evaluator.encoded_bytes_left == 0
+    with pytest.raises(ValueError, match="he_encoded_mb: expected >= 0, received -1"):
+        config.replace(he_encoded_mb=-1.0).validate()
+
+
 def _resealed(envelope: bytes, **meta) -> bytes:
     """The same envelope with meta fields replaced (what a client could send)."""
     from veil.he.envelope import open_envelope, seal_envelope
