@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     program = lower(graph)
     period, before, old_steps = replicated_costs(program)
     packed = pack_latency(program, "v0")
-    uses = rotation_uses(packed["ops"])
+    uses = rotation_uses(packed["ops"], packed["period"])
     print(f"## PolyCNN width {args.width} depth {args.depth}, slots {args.slots}\n")
     print(f"before: period {period}, 1 image per ciphertext, {sum(c for *_, c in before)} rotations, "
           f"{len(old_steps)} Galois keys")
@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\nafter:\n\n| op | node | rotations | baby + giant (outputs), block sums, masks, layout |\n|---|---|---|---|")
     for op in packed["ops"]:
         if op["op"] == "sumsq":
-            print(f"| sumsq | {op['node']} | {len(sum_steps(op['window']))} | |")
+            print(f"| sumsq | {op['node']} | {len(sum_steps(op['window'], packed['period']))} | |")
         elif op["op"] == "linear":
-            sums = sum(len(sum_steps(op["window"])) for part in op["broadcast"] if part)
+            sums = sum(len(sum_steps(op["window"], packed["period"])) for part in op["broadcast"] if part)
             babies, giants = sum(map(len, op["baby_steps"])), sum(map(len, op["giant_steps"]))
             masks = sum(len(p["offsets"]) for row in op["diagonals"] if row for p in row if p)
             outs = sum(1 for v in op["outputs"] if packed["values"][v]["features"] > 1)

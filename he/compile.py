@@ -141,9 +141,10 @@ def finish(builder: Builder, source: dict[str, Any], target: dict[str, Any], mod
         "ops": packed["ops"], "parameters": params.to_dict(), "onnx_sha256": onnx_sha256,
         "rotation_keys": rotation_keys if mode == "latency" else "none",
     }
-    steps = key_manifest(rotation_uses(packed["ops"]), rotation_keys, params.slots) if mode == "latency" else []
+    period = packed["period"]
+    steps = key_manifest(rotation_uses(packed["ops"], period), rotation_keys, params.slots) if mode == "latency" else []
     spec["galois_steps"] = steps
-    spec["rotations"] = rotation_counts(packed["ops"], steps, params.slots) if mode == "latency" else \
+    spec["rotations"] = rotation_counts(packed["ops"], period, steps, params.slots) if mode == "latency" else \
         {"rotations": 0, "key_switches": 0}
     return Plan(spec, packed["tensors"])
 
@@ -153,10 +154,10 @@ def with_key_manifest(plan: Plan, rotation_keys: str) -> Plan:
     which Galois keys exist and how many key switches each rotation takes (throughput plans have none)."""
     if plan.mode != "latency" or plan.spec["rotation_keys"] == rotation_keys:
         return plan
-    slots = plan.parameters().slots
-    steps = key_manifest(rotation_uses(plan.ops), rotation_keys, slots)
+    slots, period = plan.parameters().slots, plan.spec["period"]
+    steps = key_manifest(rotation_uses(plan.ops, period), rotation_keys, slots)
     spec = {**plan.spec, "rotation_keys": rotation_keys, "galois_steps": steps,
-            "rotations": rotation_counts(plan.ops, steps, slots)}
+            "rotations": rotation_counts(plan.ops, period, steps, slots)}
     return Plan(spec, plan.tensors)
 
 

@@ -91,6 +91,9 @@ class PlanEvaluator:
         self.period = int(plan.spec["period"])
         if plan.mode == "latency" and (self.period > self.chain.slots or self.chain.slots % self.period):
             raise MismatchError(f"PlanEvaluator: latency period {self.period} does not divide {self.chain.slots} slots")
+        if plan.mode == "latency" and plan.spec.get("window") == self.period != self.chain.slots:
+            raise MismatchError(f"PlanEvaluator: a cyclic block sum (window {self.period}) needs exactly {self.period} "
+                                f"slots, params offer {self.chain.slots}")
         self.keys = set(plan.galois_steps)
         self._budget = ENCODED_BYTES if encoded_bytes is None else encoded_bytes
         self.encoded = [self._prepare(op) for op in plan.ops]
@@ -218,10 +221,9 @@ class PlanEvaluator:
 
     def _block_sum(self, ct: Ct, window: int, galois: GaloisSet) -> Ct:
         """Each block's sum on every slot of [0, window] of the block (he/packing.py), in place."""
-        ev, steps = self.chain.evaluator, sum_steps(window)
-        for step in steps[:-1]:
+        ev = self.chain.evaluator
+        for step in sum_steps(window, self.period):
             ev.add_inplace(ct, self.rotate(ct, step, galois))
-        ev.add_inplace(ct, self.rotate(ct, steps[-1], galois))
         return ct
 
     def _bsgs(self, xs: list[Ct], outputs: list, window: int, galois: GaloisSet) -> list[Ct]:

@@ -237,6 +237,8 @@ def pack_latency(builder, in_value: str) -> dict[str, Any]:
     broadcasts = any(op["op"] == "sumsq" for op in ops) or any(p.get("broadcast") for p in plans)
     window = extent if broadcasts else 0
     period = 2 * extent if broadcasts else extent
+    if period > MAX_SLOTS >= extent:  # one block fills the largest ring: block sums wrap (packing.sum_steps)
+        period = extent
     return _materialize(builder, ops, plans, layouts, period, window)
 
 
@@ -284,10 +286,10 @@ def _plan_linear(index: int, op: dict[str, Any], builder, layouts: dict[str, Lay
         if layout is None:
             options = candidates(tuple(values[main]["shape"]), inputs)
             extent = max(int(x.positions.max()) + 1 for x in layouts.values())
-            # a block the largest ring cannot hold (twice the block with a sum of squares' broadcast window)
-            # is taken only when nothing else fits: a strided conv's in-place layout can double it
+            # a block the largest ring cannot hold twice (a sum of squares' broadcast window) is taken only when
+            # nothing else fits (its block sums then wrap around the whole ring), one it cannot hold at all last
             fits = [o for o in options if _block(o, extent) * (2 if windowed else 1) <= MAX_SLOTS]
-            options = fits or options
+            options = fits or [o for o in options if _block(o, extent) <= MAX_SLOTS] or options
             costs = [_cost(option, inputs, terms, op, values)[0] * _block(option, extent) for option in options]
             layout = options[int(np.argmin(costs))]
             chosen[groups.find(main)] = layout

@@ -81,9 +81,12 @@ def best_split(per_input: list[np.ndarray], per_output: list[np.ndarray],
     return best  # type: ignore[return-value]
 
 
-def sum_steps(window: int) -> list[int]:
-    """Rotations of a block sum broadcast over [0, window]: 1, 2, ..., window / 2, then -window."""
-    return [1 << k for k in range(int(math.log2(window)))] + [-window]
+def sum_steps(window: int, period: int) -> list[int]:
+    """Rotations of a block sum broadcast over [0, window]: 1, 2, ..., window / 2, then -window.
+
+    A window as large as the block (``window == period``: one block filling the whole ring, the layout's
+    last resort) is summed cyclically: 1, 2, ..., window / 2 alone leave the block's sum on every slot."""
+    return [1 << k for k in range(int(math.log2(window)))] + ([] if window == period else [-window])
 
 
 def fold_steps(fold: tuple[int, int] | list[int] | None) -> list[int]:
@@ -182,8 +185,8 @@ def _signed(step: int, slots: int) -> int:
     return step - slots if step > slots // 2 else step
 
 
-def rotation_uses(ops: list[dict]) -> Counter:
-    """Rotation step -> times a latency plan rotates one ciphertext by it (what the evaluator does)."""
+def rotation_uses(ops: list[dict], period: int) -> Counter:
+    """Rotation step -> times a latency plan (block ``period``) rotates one ciphertext by it (as the evaluator)."""
     uses: Counter = Counter()
     for op in ops:
         if op["op"] == "linear":
@@ -191,16 +194,16 @@ def rotation_uses(ops: list[dict]) -> Counter:
                 uses.update(steps)
             for part in op["broadcast"]:
                 if part is not None:
-                    uses.update(sum_steps(op["window"]))
+                    uses.update(sum_steps(op["window"], period))
             for fold in op.get("folds") or []:
                 uses.update(fold_steps(fold))
         elif op["op"] == "sumsq":
-            uses.update(sum_steps(op["window"]))
+            uses.update(sum_steps(op["window"], period))
     return uses
 
 
-def rotation_counts(ops: list[dict], galois_steps: list[int], slots: int) -> dict[str, int]:
+def rotation_counts(ops: list[dict], period: int, galois_steps: list[int], slots: int) -> dict[str, int]:
     """Rotations per ciphertext and the key switches they take with the manifest ``galois_steps``."""
-    keys, uses = set(galois_steps), rotation_uses(ops)
+    keys, uses = set(galois_steps), rotation_uses(ops, period)
     return {"rotations": sum(uses.values()),
             "key_switches": sum(n * len(decompose(s, keys, slots)) for s, n in uses.items())}

@@ -116,13 +116,6 @@ def rot(v: np.ndarray, step: int) -> np.ndarray:
     return np.roll(v, -step, axis=-1)
 
 
-def block_sum(v: np.ndarray, window: int) -> np.ndarray:
-    steps = sum_steps(window)
-    for step in steps[:-1]:
-        v = v + rot(v, step)
-    return v + rot(v, steps[-1])
-
-
 def simulate_slots(plan: Plan, x: np.ndarray, uses: list[int] | None = None) -> np.ndarray:
     """Latency plan on plaintext slot vectors (ciphertexts, slots), with the evaluator's BSGS and block sums.
 
@@ -134,10 +127,9 @@ def simulate_slots(plan: Plan, x: np.ndarray, uses: list[int] | None = None) -> 
         return rot(v, step)
 
     def spread(v: np.ndarray, window: int) -> np.ndarray:
-        steps = sum_steps(window)
-        for step in steps[:-1]:
+        for step in sum_steps(window, plan.spec["period"]):
             v = v + rotate(v, step)
-        return v + rotate(v, steps[-1])
+        return v
 
     values = {plan.spec["inputs"][0]["value"]: np.stack(plan.encode_inputs(x))}
     for op in plan.ops:
@@ -213,7 +205,7 @@ def test_key_manifest_is_the_set_of_rotations_used() -> None:
     assert throughput.galois_steps == []
     used: list[int] = []
     simulate_slots(latency, np.zeros((1, 1, 8, 8)), used)
-    assert latency.galois_steps == sorted(set(used)) == sorted(rotation_uses(latency.ops))
+    assert latency.galois_steps == sorted(set(used)) == sorted(rotation_uses(latency.ops, latency.spec["period"]))
     assert latency.spec["rotations"]["rotations"] == len(used)
 
 

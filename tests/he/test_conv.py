@@ -312,6 +312,35 @@ def test_a_strided_stem_keeps_its_outputs_in_one_block() -> None:
     np.testing.assert_allclose(simulate(plan, x), ort_run(exported("k3_stride2"), x), atol=5e-4, rtol=1e-3)
 
 
+def _ring_filling_plan() -> tuple[Plan, object]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), norm(16), act(16), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(16, 10)).eval()
+    graph = export_graph(model, (torch.randn(2, 1, 32, 32),), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    return compile(graph, mode="latency"), graph
+
+
+def test_a_block_that_fills_the_largest_ring_sums_cyclically() -> None:
+    # 16 channels of 32 x 32 (ResNet-20's stem) are 16384 features: the block fills N = 32768's slots, so a
+    # PolyNorm's sum of squares cannot take the doubled window; its block sum wraps around the whole ring instead
+    # (rotations 1 .. 8192, no -window step)
+    plan, graph = _ring_filling_plan()
+    assert plan.spec["period"] == plan.spec["window"] == plan.slots == 16384 and plan.batch_capacity == 1
+    sums = [op for op in plan.ops if op["op"] == "sumsq"]
+    assert sums and -16384 not in plan.galois_steps and 0 not in plan.galois_steps
+    x = np.random.default_rng(7).normal(size=(2, 1, 32, 32))
+    np.testing.assert_allclose(simulate(plan, x), ort_run(graph, x), atol=5e-4, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_a_ring_filling_block_runs_encrypted() -> None:
+    plan, graph = _ring_filling_plan()
+    x = np.random.default_rng(8).normal(size=(1, 1, 32, 32))
+    np.testing.assert_allclose(encrypted(plan, x)[0], ort_run(graph, x), atol=TOLERANCE, rtol=0)
+    with pytest.raises(Exception, match="cyclic block sum"):
+        PlanEvaluator(Plan({**plan.spec, "period": 64, "window": 64}, plan.tensors), plan.parameters())
+
+
 def dense_bsgs_rotations(matrices: list[np.ndarray]) -> int:
     """Rotations of the replicated Halevi-Shoup layout this compiler used before for one op's outputs
     (period D, 2^ceil(log2 sqrt D) baby steps shared by the outputs, giant steps per output)."""
