@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 FORMAT = "veil.he.segments/1"
 # key manifests the segment search may switch a segment to when the keys exceed the budget (fewer keys, more switches)
-LEANER_MANIFESTS = ("budget:32", "budget:16", "budget:8", "pow2")
+LEANER_MANIFESTS = ("budget:32", "budget:16", "budget:8", "pow2", "binary")
 JSON_NAME = "segments.json"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 
