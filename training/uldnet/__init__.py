@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         load_npz,
     )
     from .depth import DepthReport, multiplicative_depth
+    from .lr_range import LrRangeResult, lr_range_test
     from .models import PolyCNN, PolyMLP, PolyResNet, PolyViT, build_model
     from .photos import load_photos32
     from .polyact import PolyAct
@@ -46,6 +47,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "load_npz": ".data",
     "DepthReport": ".depth",
     "multiplicative_depth": ".depth",
+    "LrRangeResult": ".lr_range",
+    "lr_range_test": ".lr_range",
     "PolyCNN": ".models",
     "PolyMLP": ".models",
     "PolyResNet": ".models",
@@ -61,8 +64,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
 })
 
 __all__ = [
-    "DataError", "DepthReport", "LinearAttention", "ModelConfig", "MultiHeadAttention", "PolyAct", "PolyActConfig", "PolyCNN",
+    "DataError", "DepthReport", "LinearAttention", "LrRangeResult", "ModelConfig", "MultiHeadAttention", "PolyAct", "PolyActConfig", "PolyCNN",
     "PolyMLP", "PolyNorm", "PolyNormConfig", "PolyResNet", "PolyViT", "SoftmaxAttention", "Splits", "TrainConfig",
     "TrainResult", "build_model", "load_cifar", "load_data_spec", "load_digits_preset", "load_image_folder", "load_npz",
-    "load_photos32", "load_uldnet", "multiplicative_depth", "save_uldnet", "train_uldnet",
+    "load_photos32", "load_uldnet", "lr_range_test", "multiplicative_depth", "save_uldnet", "train_uldnet",
 ]

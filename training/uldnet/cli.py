@@ -9,6 +9,7 @@ Examples:
     veil train uldnet --data my.npz --arch mlp --width 128 --depth 2 --epochs 30 --out runs/mlp
     veil train uldnet --image-folder photos/ --image-size 16 --arch cnn --compare-baseline
     torchrun --nproc_per_node 2 $(which veil) train uldnet --preset digits --out runs/polycnn   # DDP, same result
+    veil train uldnet --preset digits --arch cnn --lr-range --out runs/lr-range   # which lr trains (no checkpoint)
 
 Results (metrics JSON) go to stdout; the progress bar goes to stderr.
 """
@@ -43,6 +44,7 @@ EXAMPLE = """example:
   veil train uldnet --data cifar10:cifar-10-batches-py --arch resnet --compare-baseline
   veil train uldnet --data folder:photos/ --arch vit --epochs 30
   veil train uldnet --data my.npz --arch mlp --width 128 --epochs 30 --compare-baseline
+  veil train uldnet --preset digits --arch cnn --lr-range --lr-range-steps 100 --out runs/lr-range
 """
 
 
@@ -74,6 +76,13 @@ def build_parser(prog: str = "veil train uldnet") -> argparse.ArgumentParser:
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also train the same network with standard ops and record its accuracy")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    lr_range = parser.add_argument_group("learning-rate range check (--lr-range; training/uldnet/lr_range.py)")
+    lr_range.add_argument("--lr-range", action="store_true",
+                          help="instead of training, sweep the lr geometrically over a few steps, stop when the "
+                               "loss diverges and print the stable range; writes OUT/lr_range.json (+ .png)")
+    lr_range.add_argument("--lr-range-steps", type=int, default=100, help="optimizer steps of the sweep (default 100)")
+    lr_range.add_argument("--lr-range-min", type=float, default=1e-5, help="first lr of the sweep (default 1e-5)")
+    lr_range.add_argument("--lr-range-max", type=float, default=1.0, help="last lr of the sweep (default 1)")
     ModelConfig.add_arguments(parser, skip=("input_shape", "num_classes"))
     PolyNormConfig.add_arguments(parser, prefix="norm-")
     PolyActConfig.add_arguments(parser, prefix="act-")
@@ -129,8 +138,36 @@ def configs_from_args(args: argparse.Namespace, data: Splits) -> tuple[ModelConf
         raise ConfigError(name_flags(str(exc))) from exc
 
 
+def run_lr_range(args: argparse.Namespace) -> int:
+    """`--lr-range`: the range check of the selected model (and of its baseline with --compare-baseline);
+    the table goes to stdout, the curves to OUT/lr_range.json (+ lr_range.png), no checkpoint."""
+    from .lr_range import lr_range_test, save_lr_range
+
+    data = load_data(args)
+    model_config, train_config = configs_from_args(args, data)
+    out = args.out or Path("runs") / f"lr-range-{model_config.arch}{'-baseline' if model_config.baseline else ''}"
+    configs = [("", model_config)]
+    if args.compare_baseline and not model_config.baseline:
+        configs.append(("_baseline", model_config.replace(baseline=True)))
+    for suffix, config in configs:
+        result = lr_range_test(config, train_config, data, lr_min=args.lr_range_min, lr_max=args.lr_range_max,
+                               steps=args.lr_range_steps, progress=not args.no_progress)
+        written = save_lr_range(result, out, {"model": config.to_dict(), "train": train_config.to_dict(),
+                                              "data": data.describe()}, name=f"lr_range{suffix}")
+        print(result.table())
+        print("  written".ljust(32), ", ".join(written.values()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # before torch: --help and usage errors stay instant
+    if args.lr_range:
+        if args.lr_range_steps < 2:
+            raise ConfigError(f"--lr-range-steps: expected >= 2, received {args.lr_range_steps}")
+        if not 0 < args.lr_range_min < args.lr_range_max:
+            raise ConfigError(f"--lr-range-min/--lr-range-max: expected 0 < min < max, received "
+                              f"{args.lr_range_min}, {args.lr_range_max}")
+        return run_lr_range(args)
     from .. import distributed
     from .trainer import save_uldnet, train_uldnet
 
