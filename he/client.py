@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from veil.he.contract import check_input
 from veil.he.envelope import open_envelope, seal_envelope
 from veil.he.errors import HEError, KeyringError
 from veil.he.keys import SecretKeyring
@@ -90,11 +91,24 @@ class HeSession:
 
     @staticmethod
     def model_he(url: str, model: str) -> dict[str, Any]:
+        """The model metadata's ``parameters.he``, with the input contract (``parameters.veil.input``) as ``input``."""
         body, _ = _request(f"{url}/v2/models/{model}")
-        he = json.loads(body).get("parameters", {}).get("he")
+        parameters = json.loads(body).get("parameters", {})
+        he = parameters.get("he")
         if he is None:
             raise ServerError(f"model '{model}' at {url} is not an encrypted-inference model (no parameters.he)")
-        return he
+        contract = (parameters.get("veil") or {}).get("input")
+        return {**he, "input": contract} if contract else he
+
+    @property
+    def input_contract(self) -> dict[str, Any] | None:
+        """What one input sample must be (dtype, shape, scale, range), as the model's export recorded it."""
+        return self.he.get("input")
+
+    def check_input(self, x: Any) -> np.ndarray:
+        """``x`` as float64 (B, *input shape) if it meets the model's input contract (shape, a numeric dtype,
+        finite values, the declared value range), else :class:`~veil.he.errors.InputContractError`."""
+        return check_input(x, self.input_contract, self.layout(0).spec["inputs"][0]["shape"])
 
     @classmethod
     def create(cls, url: str, model: str, keyring_path: str | Path, passphrase: str | None = None,
@@ -144,8 +158,12 @@ class HeSession:
                    info["key_secret"], rings)
 
     def encrypt(self, x: np.ndarray) -> bytes:
-        """Encrypt a batch (B, *input shape) into the (first round's) request envelope for this model and key."""
-        return self._request_envelope(0, np.asarray(x), None)
+        """Encrypt a batch (B, *input shape) into the (first round's) request envelope for this model and key.
+
+        ``x`` is checked against the model's input contract first (:meth:`check_input`): a wrong shape, a
+        non-numeric dtype, NaN/inf or values outside the declared range (raw 0-16 digits for a model trained on
+        pixel / 16) raise :class:`~veil.he.errors.InputContractError` before anything is encrypted."""
+        return self._request_envelope(0, self.check_input(x), None)
 
     def _request_envelope(self, k: int, x: np.ndarray, request_id: str | None) -> bytes:
         """Round k's request: ``x`` encoded with segment k's input layout, encrypted fresh under its keys."""

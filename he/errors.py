@@ -78,5 +78,10 @@ class EvaluationFailed(HEError):
     """SEAL refused to evaluate ciphertexts that passed every check (the client's ciphertexts). HTTP 400."""
 
 
+class InputContractError(HEError):
+    """An input array that breaks the model's declared input contract (shape, dtype, finite values, value range),
+    refused on the client before it is encrypted (:mod:`veil.he.contract`). HTTP 400."""
+
+
 class KeyringError(HEError):
     """A secret keyring file that is malformed, or a missing or wrong passphrase (client side). HTTP 400."""

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "onnx", "onnxscript", "onnxruntime", "safetensors", "transformers", "sklearn", "fastapi")
 CLIENT_MODULES = ("veil", "veil.cli", "veil.config", "veil.he", "veil.he.client", "veil.he.keys", "veil.he.envelope",
                   "veil.he.serialize", "veil.he.params", "veil.he.plan", "veil.he.keystore", "veil.he.errors",
-                  "veil.he.cli")
+                  "veil.he.contract", "veil.he.cli")
 CLIENT_PACKAGES = {"numpy", "tenseal", "cryptography"}
 
 

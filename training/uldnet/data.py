@@ -24,7 +24,8 @@ class DataError(ValueError):
     """A user's data file or folder is not what its loader expects; the message names the file and the expectation."""
 
 
-PIXELS_01 = {"scale": "pixel / 255 (values in [0, 1])", "normalization": "none"}
+# "range": the closed interval every input value lies in (the HE client refuses values outside it, he/contract.py)
+PIXELS_01 = {"scale": "pixel / 255 (values in [0, 1])", "normalization": "none", "range": [0.0, 1.0]}
 
 
 @dataclass
@@ -78,7 +79,8 @@ def load_digits_preset(split_seed: int = 0) -> Splits:
     x = (digits.images / 16.0).astype(np.float32)[:, None]  # (N, 1, 8, 8)
     y = digits.target.astype(np.int64)
     return split_stratified(x, y, [str(c) for c in range(10)], "preset:digits", split_seed=split_seed,
-                            contract={"scale": "pixel / 16 (sklearn digits 0..16 -> [0, 1])", "normalization": "none"})
+                            contract={"scale": "pixel / 16 (sklearn digits 0..16 -> [0, 1])", "normalization": "none",
+                                      "range": [0.0, 1.0]})
 
 
 def _labels(y: np.ndarray, field_name: str) -> tuple[np.ndarray, list[str]]:
