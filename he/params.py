@@ -207,8 +207,8 @@ def select_parameters(levels: int, precision_bits: int = 20, min_slots: int = 0,
         f"most {most} at a {scale_bits}-bit scale. Lower precision_bits or the circuit depth (no bootstrapping).")
 
 
-@functools.lru_cache(maxsize=8)
-def _measured_sizes(params: CkksParameters) -> dict[str, int]:
+@functools.lru_cache(maxsize=64)  # the segment search's cost model asks for every candidate's set (~1 s at N=32768)
+def measured_sizes(params: CkksParameters) -> dict[str, int]:
     """Serialized sizes of one seeded key-switching key and of ciphertexts, from throwaway keys."""
     from veil.he.serialize import seal_to_bytes  # serialize imports this module
 
@@ -236,7 +236,7 @@ def describe(params: CkksParameters, galois_steps: list[int]) -> dict[str, Any]:
     seeded (SEAL ``Serializable``) and zstd-compressed. One Galois key per distinct rotation step has the
     size of the relinearization key; containers add a few hundred bytes of header.
     """
-    sizes = _measured_sizes(params)
+    sizes = measured_sizes(params)
     return {
         "poly_modulus_degree": params.poly_modulus_degree, "coeff_mod_bit_sizes": list(params.coeff_mod_bit_sizes),
         "scale_bits": params.scale_bits, "levels": params.levels, "log_q": params.log_q,
