@@ -37,7 +37,10 @@ def build_parser(verb: str) -> argparse.ArgumentParser:
         parser.add_argument("--server", required=True, help="base URL of veil serve, e.g. http://127.0.0.1:8000")
         parser.add_argument("--model", required=True, help="an encrypted-inference model (backend veil_he)")
     elif verb == "encrypt":
-        parser.add_argument("--input", type=Path, required=True, help=".npy batch of shape (B, *input shape)")
+        parser.add_argument("--input", type=Path, required=True,
+                            help=".npy batch of shape (B, *input shape), finite, scaled as the model's input contract "
+                                 "says (digits: pixel / 16 in [0, 1]; docs/he.md 'The input x.npy'); checked before "
+                                 "encrypting")
         parser.add_argument("--out", type=Path, required=True, help="request envelope to write")
     elif verb == "infer":
         parser.add_argument("--request", type=Path, required=True, help="request envelope from `veil he encrypt`")
