@@ -252,19 +252,25 @@ async def repository_unload(request: Request, model: str) -> Response:
 # -- encrypted inference --------------------------------------------------------------------------------
 def key_upload_bounds(plane: DataPlane) -> tuple[int, str]:
     """The largest key bundle ``POST /v2/he/keys`` accepts and the setting that bounds it: what the largest served
-    plan's key manifest needs (:func:`~veil.engine.he_model.key_upload_limit`), or the store's quota if smaller.
+    plan's key manifest needs (:func:`~veil.engine.he_model.key_upload_limit`) or private matching's keys
+    (:func:`~veil.engine.recommend.key_bundle_limit`, when a loaded model has a PAVE spec), or the store's quota if
+    smaller.
 
     Raises:
-        ModelNotFound: no encrypted-inference model is loaded, so no key is accepted.
+        ModelNotFound: no encrypted-inference model and no PAVE spec is loaded, so no key is accepted.
     """
     from .he_model import key_upload_limit
+    from .recommend import key_bundle_limit
 
-    store, limit = plane.keystore(), key_upload_limit(plane)
-    if limit is None:
-        raise ModelNotFound("POST /v2/he/keys: no encrypted-inference (veil_he) model is loaded, so no key is accepted")
+    he_limit, pave_limit = key_upload_limit(plane), key_bundle_limit(plane)
+    if he_limit is None and pave_limit is None:
+        raise ModelNotFound("POST /v2/he/keys: no encrypted-inference (veil_he) model and no model with a PAVE spec "
+                            "(private /v2/recommend) is loaded, so no key is accepted")
+    store, limit = plane.keystore(), max(x for x in (he_limit, pave_limit) if x is not None)
     if store.quota_bytes < limit:
         return store.quota_bytes, "--he-key-quota-mb"
-    return limit, "the largest served HE plan's key bundle"
+    return limit, ("the largest served HE plan's key bundle" if limit == he_limit else
+                   "private /v2/recommend's key bundle")
 
 
 async def spool_key_upload(request: Request, limit: int, flag: str, spool: BinaryIO) -> None:

@@ -10,10 +10,14 @@ Plaintext (``Content-Type: application/json``)::
     {"spec": <a user spec, veil.he.recommend_spec format>, "top_k": 5}      (top_k optional)
     -> {"spec": {identity, identity_hash, dim}, "ranking": [{"model", "score"}...], "models": M, "skipped": [...]}
 
-Private (``Content-Type: application/octet-stream``): a ``pave-query`` envelope of :mod:`veil.he.recommend`
-(evaluation keys + the encrypted unit vector) -> a ``pave-scores`` envelope: one ciphertext, slot m the cosine with
-model m; the model order is in its header. The server never sees the vector or a score, and holds no secret key
-(the key bundle's container has no secret section; :class:`~veil.he.keys.EvaluationKeys` refuses anything else).
+Private (``Content-Type: application/octet-stream``): the client registers its evaluation keys once with
+``POST /v2/he/keys`` (the key store of encrypted inference: owner secret, quota, TTL; accepted whenever a loaded model
+has a PAVE spec), then each query is a ``pave-query`` envelope of :mod:`veil.he.recommend` (the encrypted unit vector,
+the envelope's ``key_id`` and ``meta.key_secret``) -> a ``pave-scores`` envelope: one ciphertext, slot m the cosine
+with model m; the model order is in its header. Key errors are those of encrypted inference: a missing
+``key_secret`` 400, an unknown ``key_id`` 404, an expired one 410, another owner's 403. The server never sees the
+vector or a score, and holds no secret key (the key store refuses keyrings and private contexts; the bundle's
+container has no secret section; :class:`~veil.he.keys.EvaluationKeys` refuses anything else).
 
 Specs of another base, projection seed or rank are not comparable: the request is refused (400) with the fields
 that differ when no model of the repository shares the user's identity.
@@ -169,12 +173,19 @@ def comparable(identity: dict[str, Any], dim: int | None, specs: dict[str, PaveV
 def _body_limit(private: bool, app_limit: int) -> int:
     if not private:
         return min(app_limit, MAX_JSON_BYTES)
-    from veil.he.keys import max_bundle_bytes
-    from veil.he.recommend import galois_steps, recommend_parameters
+    from veil.he.recommend import recommend_parameters
 
     params = recommend_parameters()
     ct = 2 * params.poly_modulus_degree * (len(params.coeff_mod_bit_sizes) - 1) * 8 + 4096  # unseeded, worst case
-    return min(app_limit, max_bundle_bytes(params, galois_steps(params)) + MAX_PRIVATE_CIPHERTEXTS * ct + 64 * 1024)
+    return min(app_limit, MAX_PRIVATE_CIPHERTEXTS * ct + 64 * 1024)  # ciphertexts only: keys are registered
+
+
+def key_bundle_limit(plane: Any) -> int | None:
+    """The largest private-matching key bundle ``POST /v2/he/keys`` takes: None when no loaded model has a spec."""
+    from veil.he.recommend import key_bundle_limit as limit
+
+    repo = Path(plane.repo)
+    return limit() if any(spec_paths(repo, model) for model in plane.models) else None
 
 
 async def recommend(request: Request) -> Response:
@@ -185,7 +196,9 @@ async def recommend(request: Request) -> Response:
                                f"(a private pave-query envelope), received {kind[:60]!r}")
     private = kind == "application/octet-stream"
     body = await read_body(request, _body_limit(private, request.app.state.max_body_bytes),
-                           "POST /v2/recommend's request limit")
+                           "POST /v2/recommend's request limit" + ("; a private query carries its ciphertexts only, "
+                                                                   "the evaluation keys go once to POST /v2/he/keys"
+                                                                   if private else ""))
     plane = _plane(request)
     specs, skipped = registry(request).specs(list(plane.models))
     if not private:
@@ -194,20 +207,28 @@ async def recommend(request: Request) -> Response:
         ranking = rank_models(spec, models)[:top_k]
         return _json({"spec": spec.settings(), "ranking": [{"model": n, "score": s} for n, s in ranking],
                       "models": len(models), "skipped": skipped})
-    return Response(await run_in_threadpool(_private, body, specs), media_type="application/octet-stream")
+    return Response(await run_in_threadpool(_private, body, specs, plane.keystore()),
+                    media_type="application/octet-stream")
 
 
-def _private(body: bytes, specs: dict[str, PaveVector]) -> bytes:
-    """Open the query, check it against the repository's identities, evaluate, seal the scores."""
+def _private(body: bytes, specs: dict[str, PaveVector], store: Any) -> bytes:
+    """Open the query, check it against the repository's identities, fetch its registered keys, evaluate, seal."""
     import numpy as np
-    from veil.he.recommend import encrypted_scores, open_query, recommend_parameters, seal_scores
+    from veil.he.recommend import (
+        encrypted_scores,
+        open_query,
+        recommend_parameters,
+        registered_keys,
+        seal_scores,
+    )
 
-    identity, dim, keys, cts, key_id = open_query(body, max_dim=min(MAX_DIM, MAX_PRIVATE_CIPHERTEXTS *
-                                                                    recommend_parameters().slots))
+    identity, dim, cts, key_id, key_secret = open_query(body, max_dim=min(MAX_DIM, MAX_PRIVATE_CIPHERTEXTS *
+                                                                          recommend_parameters().slots))
     models = comparable(identity, dim, specs)
+    keys = registered_keys(store, key_id, key_secret)
     names = sorted(models)
     ct = encrypted_scores(keys, cts, np.stack([models[n].vector for n in names]))
     return seal_scores(ct, names, key_id, identity)
 
 
-__all__ = ["SpecRegistry", "comparable", "parse_request", "recommend"]
+__all__ = ["SpecRegistry", "comparable", "key_bundle_limit", "parse_request", "recommend"]

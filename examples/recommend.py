@@ -1,5 +1,6 @@
 """Which model fits my 32 examples? PAVE specs for two LoRA adapters on the bundled MiniLM, ranked in plaintext and
-privately (CKKS: the ranker sees neither the user's vector nor a score). See docs/recommend.md.
+privately (CKKS: the ranker sees neither the user's vector nor a score; the evaluation keys are registered once,
+each query sends only its ciphertexts). See docs/recommend.md.
 
     python examples/recommend.py                       # 2 adapters (sentiment, topic), a topic user, ~1 min on CPU
     python examples/recommend.py --train-size 32 --shots 16 --repo /tmp/pave-repo
@@ -47,6 +48,9 @@ def main() -> None:
     private = recommend(repo, texts, labels, private=True)
     print("plaintext ranking:", json.dumps(plain["ranking"]))
     print("private ranking:  ", json.dumps(private["ranking"]))
+    sent = private["bytes"]  # the keys are registered once (POST /v2/he/keys); each query is ciphertexts only
+    print(f"private bytes: evaluation keys {sent['keys'] / 2**20:.2f} MiB once, then {sent['query'] / 2**20:.2f} MiB "
+          "per query")
     same = [r["model"] for r in plain["ranking"]] == [r["model"] for r in private["ranking"]]
     print(f"best model for the user: {plain['ranking'][0]['model']}; encrypted ranking equals plaintext: {same}")
 

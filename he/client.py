@@ -41,10 +41,11 @@ class ServerError(HEError):
     """The server refused a request; the message carries its HTTP status and OIP error text."""
 
 
-def _request(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[bytes, dict[str, str]]:
+def _request(url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+             timeout: float = 600.0) -> tuple[bytes, dict[str, str]]:
     req = urllib.request.Request(url, data=body, headers=headers or {}, method="POST" if body is not None else "GET")
     try:
-        with urllib.request.urlopen(req, timeout=600) as response:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
             return response.read(), dict(response.headers)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")

@@ -1,5 +1,6 @@
 """POST /v2/recommend (issue 22): plaintext ranking, refusals with field/expected/received, bounded bodies, a fuzzed
-body parser, the spec listed in model metadata, and one private (CKKS) round trip that equals the plaintext ranking."""
+body parser, the spec listed in model metadata, and private (CKKS) queries that equal the plaintext ranking: the
+evaluation keys registered once with POST /v2/he/keys, each query carrying its ciphertexts only (issue 33 item 6)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from veil.engine.recommend import parse_request
 from veil.engine.server import ServerConfig, create_app
 from veil.engine.toy import affine_model, write_repository
 from veil.export.spec import write_spec
+from veil.he.envelope import open_envelope, seal_envelope
+from veil.he.errors import KeyringError
 from veil.he.recommend import PrivateRecommendClient
 from veil.he.recommend_spec import PaveVector, rank_models
 
@@ -137,25 +140,119 @@ def test_fuzz_body_parser_refuses_with_malformed_request_only(body: bytes) -> No
         assert spec.kind == "user" and spec.dim >= 1 and (top_k is None or top_k >= 1)
 
 
-def test_private_round_trip_equals_plaintext_ranking(client: TestClient) -> None:
-    """The server gets evaluation keys and ciphertexts only, returns one ciphertext; the decrypted ranking is the
-    plaintext one (scores within 1e-4)."""
-    u = user(2)
-    c = PrivateRecommendClient(u)
-    query = c.query()
-    assert u.vector.astype("<f4").tobytes() not in query
-    r = client.post("/v2/recommend", content=query, headers={"Content-Type": "application/octet-stream"})
+OCTET = {"Content-Type": "application/octet-stream"}
+
+
+@pytest.fixture(scope="module")
+def registered(client: TestClient) -> PrivateRecommendClient:
+    """A private client whose evaluation keys are registered once with POST /v2/he/keys (issue 33 item 6)."""
+    c = PrivateRecommendClient(user(2))
+    r = client.post("/v2/he/keys", content=c.evaluation_keys(), headers=OCTET)
     assert r.status_code == 200, r.text[:300]
-    ranking = c.ranking(r.content)
+    assert r.json()["key_id"] == c.key_id and r.json()["bytes"] == len(c.evaluation_keys())
+    c.key_secret = r.json()["key_secret"]
+    return c
+
+
+def test_private_round_trip_equals_plaintext_ranking(client: TestClient, registered: PrivateRecommendClient) -> None:
+    """The server gets ciphertexts (and the registered keys' id and secret) only, returns one ciphertext; the
+    decrypted ranking is the plaintext one (scores within 1e-4), on the first and on a repeat query."""
+    u, c = user(2), registered
     plain = rank_models(u, models())
-    assert [n for n, _ in ranking] == [n for n, _ in plain]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(sorted(ranking), sorted(plain), strict=True)) < 1e-4
-    r = client.post("/v2/recommend", content=query[:-10] + b"0" * 10, headers={"Content-Type": "application/octet-stream"})
+    for _ in range(2):
+        query = c.query()
+        assert u.vector.astype("<f4").tobytes() not in query
+        r = client.post("/v2/recommend", content=query, headers=OCTET)
+        assert r.status_code == 200, r.text[:300]
+        ranking = c.ranking(r.content)
+        assert [n for n, _ in ranking] == [n for n, _ in plain]
+        assert max(abs(a - b) for (_, a), (_, b) in zip(sorted(ranking), sorted(plain), strict=True)) < 1e-4
+    r = client.post("/v2/recommend", content=query[:-10] + b"0" * 10, headers=OCTET)
     assert r.status_code == 400 and "sha256" in r.json()["error"]
-    other = PrivateRecommendClient(user(2, dict(IDENT, rank=3)), c.keyring).query()
-    r = client.post("/v2/recommend", content=other, headers={"Content-Type": "application/octet-stream"})
+    other = PrivateRecommendClient(user(2, dict(IDENT, rank=3)), c.keyring, c.key_secret).query()
+    r = client.post("/v2/recommend", content=other, headers=OCTET)
     assert r.status_code == 400 and "identity.rank: expected 2" in r.json()["error"]
     assert json.loads(client.get("/v2/models/m1").content)["name"] == "m1"
+
+
+def test_repeat_private_query_sends_ciphertexts_only(client: TestClient, registered: PrivateRecommendClient) -> None:
+    """Issue 33 item 6: the ~8.5 MiB of evaluation keys travel once (POST /v2/he/keys); a query is < 1 MiB."""
+    keys, query = registered.evaluation_keys(), registered.query()
+    assert len(keys) > 8 * 2**20 and len(query) < 2**20  # D = 40: one ciphertext (~160 KB)
+    assert keys not in query and keys[:4096] not in query
+    r = client.post("/v2/recommend", content=query, headers=OCTET)
+    assert r.status_code == 200 and len(r.content) < 2**20
+
+
+def test_private_query_needs_registered_keys(client: TestClient, registered: PrivateRecommendClient) -> None:
+    """Missing key_secret 400, unknown key_id 404, another owner's secret 403, a query with inline keys 400 — each
+    naming the field, as encrypted inference does — and the server keeps serving."""
+    unregistered = PrivateRecommendClient(user(2))
+    with pytest.raises(KeyringError, match="register"):
+        unregistered.query()  # the client says what is missing before sending anything
+    unregistered.key_secret = "never-registered"
+    r = client.post("/v2/recommend", content=unregistered.query(), headers=OCTET)
+    assert r.status_code == 404 and f"no evaluation keys registered under {unregistered.key_id}" in r.json()["error"]
+    wrong = PrivateRecommendClient(user(2), registered.keyring, "not-the-secret").query()
+    r = client.post("/v2/recommend", content=wrong, headers=OCTET)
+    assert r.status_code == 403 and "key_secret: expected the secret returned" in r.json()["error"]
+    env = open_envelope(registered.query())
+    for meta, needle in ((dict(env.meta, key_secret=""), "envelope.meta.key_secret: expected the secret returned by "
+                          "POST /v2/he/keys, received none"),
+                         ({k: v for k, v in env.meta.items() if k != "key_secret"} | {"lengths": [1, 2]},
+                          "envelope.meta.key_secret: expected the secret returned by POST /v2/he/keys, received a "
+                          "query carrying its evaluation keys")):
+        body = seal_envelope(env.payload, kind=env.kind, key_id=env.key_id, params_hash=env.params_hash,
+                             plan_hash=env.plan_hash, meta=meta)
+        r = client.post("/v2/recommend", content=body, headers=OCTET)
+        assert r.status_code == 400 and needle in r.json()["error"], r.text
+    bad_id = seal_envelope(env.payload, kind=env.kind, key_id="nope", params_hash=env.params_hash,
+                           plan_hash=env.plan_hash, meta=env.meta)
+    r = client.post("/v2/recommend", content=bad_id, headers=OCTET)
+    assert r.status_code == 404 and "key_id: expected 64 lowercase hex digits" in r.json()["error"]
+    r = client.post("/v2/recommend", content=registered.query(), headers=OCTET)  # keeps serving
+    assert r.status_code == 200 and client.get("/v2/health/live").status_code == 200
+
+
+def test_client_registers_once_then_ranks_over_http(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PrivateRecommendClient.register / rank (urllib, here routed into the test app): the keys are uploaded once,
+    registering again renews them with the held secret, and every query is the ciphertexts alone."""
+    import veil.he.client as he_client
+
+    sent: list[tuple[str, int]] = []
+
+    def request(url: str, body: bytes | None = None, headers: dict | None = None, timeout: float = 600.0):
+        path = url.removeprefix("http://veil")
+        sent.append((path, len(body or b"")))
+        r = client.post(path, content=body, headers=headers or {})
+        if r.status_code >= 400:
+            raise he_client.ServerError(f"{url}: HTTP {r.status_code}: {r.text}")
+        return r.content, dict(r.headers)
+
+    monkeypatch.setattr(he_client, "_request", request)
+    u = user(4)
+    c = PrivateRecommendClient(u)
+    first = c.rank("http://veil")  # registers, then queries
+    assert [n for n, _ in first] == [n for n, _ in rank_models(u, models())]
+    again = c.rank("http://veil")  # a repeat query: no keys sent
+    assert [n for n, _ in again] == [n for n, _ in first]
+    assert np.allclose([v for _, v in again], [v for _, v in first], atol=1e-4)
+    renewed = c.register("http://veil")
+    assert renewed["key_id"] == c.key_id and renewed["key_secret"] is None and c.key_secret
+    assert [p for p, _ in sent] == ["/v2/he/keys", "/v2/recommend", "/v2/recommend", "/v2/he/keys"]
+    assert sent[0][1] > 8 * 2**20 and all(n < 2**20 for p, n in sent if p == "/v2/recommend")
+    assert c.last_request_bytes == sent[2][1]
+
+
+def test_key_registration_refuses_a_secret_key(client: TestClient, registered: PrivateRecommendClient) -> None:
+    """The recommendation's key registration is the key store's: a secret keyring is refused (403), never stored."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ring"
+        registered.keyring.save(path, "a passphrase")
+        r = client.post("/v2/he/keys", content=path.read_bytes(), headers=OCTET)
+    assert r.status_code == 403 and "never the secret key" in r.json()["error"]
 
 
 def test_private_client_needs_no_torch() -> None:

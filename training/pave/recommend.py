@@ -108,26 +108,16 @@ def recommend(repo: str | Path, texts: Sequence[str], labels: Sequence[int], *, 
         base: the base's transformers folder when it is not the bundled MiniLM.
 
     Returns:
-        ``{"spec": {identity, identity_hash, dim}, "ranking": [{"model", "score"}...], "mode": ...}``.
+        ``{"spec": {identity, identity_hash, dim}, "ranking": [{"model", "score"}...], "mode": ...}``; private
+        mode adds ``"bytes": {"keys", "query"}``: the evaluation keys registered once, the query sent.
     """
-    from veil.he.recommend import PrivateRecommendClient, encrypted_scores, open_query, seal_scores
-
     specs = repository_specs(repo)
     identity = next(iter(specs.values())).identity
     spec = user_spec(base_for(identity, base), texts, labels)
     mode = ("server" if url else "local") + (", private (CKKS)" if private else "")
+    sent: dict[str, int] = {}
     if private:
-        client = PrivateRecommendClient(spec)
-        query = client.query()
-        if url:
-            answer = _post(url, query, "application/octet-stream", timeout)
-        else:  # the same protocol in-process (what the server would run)
-            same = {n: s for n, s in specs.items() if s.identity == spec.identity}
-            ident, _, keys, cts, key_id = open_query(query, max_dim=spec.dim)
-            names = sorted(same)
-            answer = seal_scores(encrypted_scores(keys, cts, np.stack([same[n].vector for n in names])), names,
-                                 key_id, ident)
-        ranking = client.ranking(answer)
+        ranking, sent = _private_ranking(spec, specs, url, timeout)
     elif url:
         body = json.dumps({"spec": spec.to_dict(), **({"top_k": top_k} if top_k else {})}).encode()
         data = json.loads(_post(url, body, "application/json", timeout))
@@ -135,7 +125,39 @@ def recommend(repo: str | Path, texts: Sequence[str], labels: Sequence[int], *, 
     else:
         ranking = rank_models(spec, {n: s for n, s in specs.items() if s.identity == spec.identity})
     return {"spec": spec.settings(), "mode": mode,
-            "ranking": [{"model": n, "score": round(float(s), 6)} for n, s in ranking[:top_k]]}
+            "ranking": [{"model": n, "score": round(float(s), 6)} for n, s in ranking[:top_k]],
+            **({"bytes": sent} if private else {})}
+
+
+def _private_ranking(spec: PaveVector, specs: dict[str, PaveVector], url: str | None,
+                     timeout: float) -> tuple[list[tuple[str, float]], dict[str, int]]:
+    """The private protocol: register the evaluation keys once, send the ciphertexts, decrypt the scores; against
+    ``url``, or in-process (a temporary key store and what the server runs) without one."""
+    import tempfile
+
+    from veil.he.keystore import KeyStore
+    from veil.he.recommend import (
+        PrivateRecommendClient,
+        encrypted_scores,
+        open_query,
+        registered_keys,
+        seal_scores,
+    )
+
+    client = PrivateRecommendClient(spec)
+    if url:
+        keys = client.register(url, timeout)["bytes"]
+        return client.rank(url, timeout), {"keys": keys, "query": client.last_request_bytes}
+    with tempfile.TemporaryDirectory(prefix="veil-pave-keys-") as folder:
+        store = KeyStore(Path(folder), quota_bytes=2**30, ttl_seconds=3600)
+        keys = client.register(store)["bytes"]
+        query = client.query()
+        same = {n: s for n, s in specs.items() if s.identity == spec.identity}
+        ident, _, cts, key_id, key_secret = open_query(query, max_dim=spec.dim)
+        names = sorted(same)
+        ct = encrypted_scores(registered_keys(store, key_id, key_secret), cts, np.stack([same[n].vector for n in names]))
+        answer = seal_scores(ct, names, key_id, ident)
+    return client.ranking(answer), {"keys": keys, "query": len(query)}
 
 
 def read_few_shots(path: str | Path) -> tuple[list[str], list[int]]:
