@@ -181,6 +181,12 @@ def resnet_checkpoint(folder: Path, width: int, depth: int) -> Path:
     return path
 
 
+def resnet_label(row: dict[str, Any]) -> str:
+    """The table's name of a PolyResNet row: its width and blocks per stage."""
+    c = row.get("config", {})
+    return f"PolyResNet w{c.get('width')} d{c.get('depth')} (photos32)"
+
+
 # photos32 is built to be hard (docs/uldnet.md: raw-pixel logistic regression < 60 %), so its gate is that baseline,
 # not the digits' 90 %: a model at chance (10 %) is still refused
 MIN_PHOTOS32_ACCURACY = 0.60
@@ -364,7 +370,7 @@ def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     deep = "PolyMLP" if report.get("arch") == "mlp" else "PolyCNN"
     models = [(deep, report["cnn"])] + ([("PolyViT", report["vit"])] if report.get("vit") else []) \
-        + ([("PolyResNet (photos32)", report["resnet"])] if report.get("resnet") else [])
+        + [(resnet_label(r), r) for r in report.get("resnets", {}).values()]
     lines = [
         "## Deep models encrypted with client refresh (`he_deep`)", "",
         f"{env['date']}, {env['machine']}; `{report['command']}`. Digits {deep} width {report['width']} "
@@ -382,18 +388,21 @@ def markdown(report: dict[str, Any]) -> str:
         *(_row(label, r) for label, r in models), "",
         *(_details(label, r) + "\n" for label, r in models),
     ]
-    if report.get("resnet") and "skipped" not in report["resnet"]:
-        r, c = report["resnet"], report.get("resnet_config", {})
-        lines += [f"PolyResNet (photos32): width {c.get('width')}, {c.get('depth')} block(s) per stage, 32x32x3, "
-                  f"{r['images']} of the {r['images_asked']} test images asked for (spread evenly over the 12 classes) ran within the "
-                  f"{r['max_minutes']:g}-minute budget, one image per request (a ciphertext holds "
-                  f"{r['images_per_request']}); the first request: {r['one_image_s']['total_s']:.1f} s "
-                  f"(server {r['one_image_s']['server_s']:.1f} s); per image {r['seconds_per_image']['total_s']:.1f} s "
-                  f"median (spread {r['seconds_per_image_spread'][0]:.1f}-{r['seconds_per_image_spread'][1]:.1f} s). "
-                  f"`veil export he` {r['export_compile_s']:.0f} s at {r['export_peak_rss_gb']:.1f} GB; `veil serve` "
-                  f"(its own process, masks encoded at load up to {r['encoded_mb']} MiB) peak RSS "
-                  f"{r['server_peak_rss_gb']:.1f} GB; the client (this process, torch and the ONNX reference "
-                  f"included) {r['client_peak_rss_gb']:.1f} GB.", ""]
+    for r in report.get("resnets", {}).values():
+        if "skipped" in r:
+            continue
+        c = r["config"]
+        lines += [f"{resnet_label(r)}: width {c.get('width')}, {c.get('depth')} block(s) per stage, 32x32x3, "
+                      f"{r['images']} of the {r['images_asked']} test images asked for (spread evenly over the 12 "
+                      f"classes) ran within the "
+                      f"{r['max_minutes']:g}-minute budget, one image per request (a ciphertext holds "
+                      f"{r['images_per_request']}); the first request: {r['one_image_s']['total_s']:.1f} s "
+                      f"(server {r['one_image_s']['server_s']:.1f} s); per image {r['seconds_per_image']['total_s']:.1f} s "
+                      f"median (spread {r['seconds_per_image_spread'][0]:.1f}-{r['seconds_per_image_spread'][1]:.1f} s). "
+                      f"`veil export he` {r['export_compile_s']:.0f} s at {r['export_peak_rss_gb']:.1f} GB; `veil serve` "
+                      f"(its own process, masks encoded at load up to {r['encoded_mb']} MiB) peak RSS "
+                      f"{r['server_peak_rss_gb']:.1f} GB; the client (this process, torch and the ONNX reference "
+                      f"included) {r['client_peak_rss_gb']:.1f} GB.", ""]
     if report.get("ring_65536"):
         r = report["ring_65536"]
         lines += ["", f"N = 65536 (28 levels, log2 Q = {r['log2_q']} <= {r['he_standard_128_bound']}): SEAL's "
@@ -468,15 +477,16 @@ def main(argv: list[str] | None = None) -> int:
             report["vit"] = run_encrypted(vit_checkpoint(cache, args.vit_width, args.vit_epochs), Path(tmp) / "vit",
                                           "vit", args.images, args.precision_bits, args.max_n or 16384,
                                           args.min_accuracy)
+        report["resnets"] = dict(previous.get("resnets", {}))  # other widths' rows are carried over
+        for r in report["resnets"].values():
+            report.setdefault("carried", {})[resnet_label(r)] = previous.get("carried", {}).get(resnet_label(r), carried)
         if args.resnet:
-            report["resnet_config"] = {"width": args.resnet_width, "depth": args.resnet_depth}
-            report["resnet"] = run_resnet_encrypted(
-                resnet_checkpoint(cache, args.resnet_width, args.resnet_depth), Path(tmp) / "resnet",
-                args.resnet_images, args.max_key_mib, args.encoded_mb, args.resnet_minutes)
-        elif "resnet" in previous:
-            report.update({k: previous[k] for k in ("resnet", "resnet_config") if k in previous})
-            report.setdefault("carried", {})["PolyResNet (photos32)"] = previous.get("carried", {}).get(
-                "PolyResNet (photos32)", carried)
+            key = f"w{args.resnet_width}-d{args.resnet_depth}"
+            row = run_resnet_encrypted(resnet_checkpoint(cache, args.resnet_width, args.resnet_depth),
+                                       Path(tmp) / "resnet", args.resnet_images, args.max_key_mib, args.encoded_mb,
+                                       args.resnet_minutes)
+            report["resnets"][key] = {**row, "config": {"width": args.resnet_width, "depth": args.resnet_depth}}
+            report.get("carried", {}).pop(resnet_label(report["resnets"][key]), None)
     if args.ring_65536:
         report["ring_65536"] = ring_65536()
     (args.out / "results").mkdir(parents=True, exist_ok=True)  # the numbers first: a table bug must not lose them
@@ -484,7 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     save_results(args.out, "he_deep", report, markdown(report))
     (args.out / "results" / "he_deep.raw.json").unlink()
     print(json.dumps({row: {k: report[row].get(k) for k in ("rounds", "argmax_agreement", "seconds_per_image")}
-                      for row in ("cnn", "vit", "resnet") if row in report}))
+                      for row in ("cnn", "vit") if row in report} | {
+        resnet_label(r): {k: r.get(k) for k in ("rounds", "argmax_agreement", "seconds_per_image")}
+        for r in report.get("resnets", {}).values()}))
     return 0
 
 
