@@ -100,6 +100,29 @@ class Server:
         self.thread.join(timeout=60)
 
 
+PER_IMAGE = ("total_s", "server_s", "refresh_s", "network_s", "encrypt_decrypt_s")
+
+
+def timed_request(session: HeSession, chunk: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """One encrypted request of ``chunk`` through every round: its logits and its seconds (``PER_IMAGE``, for the
+    whole request) and bytes per round."""
+    t0 = time.perf_counter()
+    request = session.encrypt(chunk)
+    t1 = time.perf_counter()
+    result = session.infer(request)
+    t2 = time.perf_counter()
+    logits = session.decrypt(result)
+    t3 = time.perf_counter()
+    rounds = session.last_rounds
+    served = sum(r["server_seconds"] for r in rounds)
+    return logits, {"images": len(chunk), "total_s": t3 - t0, "server_s": served,
+                    "refresh_s": sum(r.get("refresh_seconds", 0.0) for r in rounds),
+                    "network_s": sum(r["http_seconds"] for r in rounds) - served,
+                    "encrypt_decrypt_s": (t1 - t0) + (t3 - t2),
+                    "bytes": [(r["request_bytes"], r["result_bytes"]) for r in rounds],
+                    "round_server_s": [r["server_seconds"] for r in rounds]}
+
+
 def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bits: int,
                   max_n: int | None, min_accuracy: float = MIN_PLAIN_ACCURACY) -> dict[str, Any]:
     """Export ``ck`` with --refresh, serve it, and run ``images`` test images through ``HeSession``.
@@ -131,21 +154,9 @@ def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bit
         batch = min(int(s["plan"]["batch_capacity"]) for s in session.he["segments"])
         logits = []
         for i in range(0, images, batch):
-            chunk = x[i:i + batch]
-            t0 = time.perf_counter()
-            request = session.encrypt(chunk)
-            t1 = time.perf_counter()
-            result = session.infer(request)
-            t2 = time.perf_counter()
-            logits.append(session.decrypt(result))
-            t3 = time.perf_counter()
-            rounds, n = session.last_rounds, len(chunk)
-            server = sum(r["server_seconds"] for r in rounds)
-            rows.append({"encrypt_decrypt_s": ((t1 - t0) + (t3 - t2)) / n, "server_s": server / n,
-                         "refresh_s": sum(r.get("refresh_seconds", 0.0) for r in rounds) / n,
-                         "network_s": (sum(r["http_seconds"] for r in rounds) - server) / n, "total_s": (t3 - t0) / n,
-                         "bytes": [(r["request_bytes"], r["result_bytes"]) for r in rounds],
-                         "round_server_s": [r["server_seconds"] for r in rounds]})  # per request
+            out, row = timed_request(session, x[i:i + batch])
+            logits.append(out)
+            rows.append({**row, **{k: row[k] / row["images"] for k in PER_IMAGE}})  # bytes, round_server_s: per request
     logits = np.concatenate(logits)
     seg = manifest["segmentation"]
     predicted = [s["cost"]["predicted_seconds"] for s in seg.get("segments", [])]
@@ -164,7 +175,7 @@ def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bit
         "accuracy_plaintext": float((plain.argmax(1) == y).mean()),
         "max_abs_logit_error": float(np.abs(logits - plain).max()),
         "seconds_per_image": {k: statistics.median(r[k] for r in rows)
-                              for k in ("total_s", "server_s", "refresh_s", "network_s", "encrypt_decrypt_s")},
+                              for k in PER_IMAGE},
         "bytes_per_round": per_round, "keygen_register_s": keygen_s, "export_compile_s": export_s,
         "key_bytes": sum(len(ring.evaluation_keys().to_bytes()) for _, _, ring in session.rings.values()),
         "test_accuracy": accuracy,
@@ -229,23 +240,10 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
         batch = min(int(seg["plan"]["batch_capacity"]) for seg in session.he["segments"])
         deadline, i = time.monotonic() + 60 * max_minutes, 0
         while i < images and time.monotonic() < deadline:
-            chunk = x[i:i + (1 if i == 0 else batch)]
-            t0 = time.perf_counter()
-            request = session.encrypt(chunk)
-            t1 = time.perf_counter()
-            result = session.infer(request)
-            t2 = time.perf_counter()
-            logits.append(session.decrypt(result))
-            t3 = time.perf_counter()
-            rounds, n = session.last_rounds, len(chunk)
-            served = sum(r["server_seconds"] for r in rounds)
-            rows.append({"images": n, "total_s": t3 - t0, "server_s": served,
-                         "refresh_s": sum(r.get("refresh_seconds", 0.0) for r in rounds),
-                         "network_s": sum(r["http_seconds"] for r in rounds) - served,
-                         "encrypt_decrypt_s": (t1 - t0) + (t3 - t2),
-                         "bytes": [(r["request_bytes"], r["result_bytes"]) for r in rounds],
-                         "round_server_s": [r["server_seconds"] for r in rounds]})
-            i += n
+            out, row = timed_request(session, x[i:i + (1 if i == 0 else batch)])
+            logits.append(out)
+            rows.append(row)
+            i += row["images"]
             (ck / "he_rows.partial.json").write_text(json.dumps(  # a crash below must not lose an hour's rows
                 {"rows": rows, "logits": np.concatenate(logits).tolist(), "keygen_s": keygen_s}))
             print(f"resnet: {i}/{images} images, {rows[-1]['total_s']:.1f} s for the last request", file=sys.stderr)
@@ -268,9 +266,9 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
         "accuracy_encrypted": float((done.argmax(1) == y[:ran]).mean()),
         "accuracy_plaintext": float((plain[:ran].argmax(1) == y[:ran]).mean()),
         "max_abs_logit_error": float(np.abs(done - plain[:ran]).max()),
-        "one_image_s": {k: rows[0][k] for k in ("total_s", "server_s", "refresh_s", "network_s", "encrypt_decrypt_s")},
+        "one_image_s": {k: rows[0][k] for k in PER_IMAGE},
         "seconds_per_image": {k: statistics.median(r[k] / r["images"] for r in full)
-                              for k in ("total_s", "server_s", "refresh_s", "network_s", "encrypt_decrypt_s")},
+                              for k in PER_IMAGE},
         "seconds_per_image_spread": [min(r["total_s"] / r["images"] for r in full),
                                      max(r["total_s"] / r["images"] for r in full)],
         "bytes_per_round": per_round, "keygen_register_s": keygen_s, "key_bytes": key_bytes,

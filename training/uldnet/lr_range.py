@@ -44,9 +44,8 @@ from veil.progress import progress as progress_bar
 
 from .config import ModelConfig, TrainConfig
 from .data import Splits
-from .models import build_model
 from .polynorm import PolyNorm, clear_variances, set_warmup, variance_penalty
-from .trainer import _param_groups, random_shift
+from .trainer import _param_groups, random_shift, seeded_model
 
 
 @dataclass
@@ -145,18 +144,11 @@ def lr_range_test(model_config: ModelConfig, train_config: TrainConfig, data: Sp
         calibration_batches: forward passes that initialise PolyNorm's running variance (polynomial models).
         progress: progress lines on stderr (veil.progress).
     """
-    if list(model_config.input_shape) != data.input_shape:
-        raise ValueError(f"ModelConfig.input_shape: expected the data's sample shape {data.input_shape}, "
-                         f"received {model_config.input_shape}")
     if diverge_factor <= 1:
         raise ValueError(f"diverge_factor: expected > 1, received {diverge_factor}")
     schedule = geometric_lrs(lr_min, lr_max, steps)
     cfg = train_config
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    model = build_model(model_config)
+    model, generator = seeded_model(model_config, cfg, data)
     polynomial = not model_config.baseline
     batch_size = min(cfg.batch_size, len(data.x_train))
     batches = _batches(data, batch_size, generator)

@@ -76,20 +76,26 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Splits, progress: bool = True) -> TrainResult:
-    """Train the model ``model_config`` describes on ``data``; returns the best-validation model and metrics."""
+def seeded_model(model_config: ModelConfig, train_config: TrainConfig, data: Splits) -> tuple[nn.Module, torch.Generator]:
+    """The model ``model_config`` describes, checked against ``data`` and built under ``train_config``'s threads and
+    seed, with the batch-order generator of that seed (training and the lr range check start alike)."""
     if list(model_config.input_shape) != data.input_shape:
         raise ValueError(f"ModelConfig.input_shape: expected the data's sample shape {data.input_shape}, "
                          f"received {model_config.input_shape}")
     if model_config.num_classes != len(data.classes):
         raise ValueError(f"ModelConfig.num_classes: expected {len(data.classes)} (classes in the data), "
                          f"received {model_config.num_classes}")
+    if train_config.threads:
+        torch.set_num_threads(train_config.threads)
+    torch.manual_seed(train_config.seed)
+    generator = torch.Generator().manual_seed(train_config.seed)
+    return build_model(model_config), generator
+
+
+def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Splits, progress: bool = True) -> TrainResult:
+    """Train the model ``model_config`` describes on ``data``; returns the best-validation model and metrics."""
     cfg = train_config
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    model = build_model(model_config)
+    model, generator = seeded_model(model_config, cfg, data)
     net = distributed.wrap(model)  # DDP under torchrun (training/distributed.py), else the model itself
     polynomial = not model_config.baseline
     x_train, y_train = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
