@@ -46,7 +46,7 @@ from veil.he.recommend import (
     registered_keys,
     seal_scores,
 )
-from veil.he.recommend_spec import PaveVector, rank_models
+from veil.pave import PaveVector, rank_models
 from veil.training.pave import PaveConfig, SpecBase, classifier_predictor, model_spec, projection, user_spec
 
 LEARNWARE_TARGET = Path(__file__).resolve().parents[1] / ".venv" / "learnware-target"

@@ -7,7 +7,7 @@ named in the answer's ``skipped``.
 
 Plaintext (``Content-Type: application/json``)::
 
-    {"spec": <a user spec, veil.he.recommend_spec format>, "top_k": 5}      (top_k optional)
+    {"spec": <a user spec, veil.pave format>, "top_k": 5}      (top_k optional)
     -> {"spec": {identity, identity_hash, dim}, "ranking": [{"model", "score"}...], "models": M, "skipped": [...]}
 
 Private (``Content-Type: application/octet-stream``): the client registers its evaluation keys once with
@@ -33,7 +33,7 @@ import orjson
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
-from veil.he.recommend_spec import (
+from veil.pave import (
     MAX_DIM,
     PaveVector,
     SpecFormatError,
@@ -115,7 +115,7 @@ def parse_request(body: bytes) -> tuple[PaveVector, int | None]:
     if unknown:
         raise MalformedRequest(f"request body: expected only the fields {list(_FIELDS)}, received unknown {unknown[:8]}")
     if "spec" not in data:
-        raise MalformedRequest("spec: expected a user PAVE spec (veil.he.recommend_spec format), received none")
+        raise MalformedRequest("spec: expected a user PAVE spec (veil.pave format), received none")
     top_k = data.get("top_k")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise MalformedRequest(f"top_k: expected an int >= 1, received {str(top_k)[:40]}")

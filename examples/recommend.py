@@ -18,7 +18,8 @@ from veil.training.adapters import inject
 from veil.training.adapters.data import make_task
 from veil.training.adapters.finetune import BUNDLED_MINILM, FinetuneConfig, build_classifier, train
 from veil.training.pave import PaveConfig, SpecBase, classifier_predictor, model_spec
-from veil.training.pave.recommend import recommend
+
+from veil.recommend import recommend
 
 
 def main() -> None:

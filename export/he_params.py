@@ -1,10 +1,12 @@
 """Why an HE plan runs at its CKKS parameter set: the smallest ring N that holds it, and why no smaller one does.
 
 ``veil.he.compile`` takes the smallest 128-bit set :func:`veil.he.params.select_parameters` finds for the
-plan's levels, precision and slot need. This module restates that rule ring by ring so ``veil export he``
-can say what decided N: a set holds ``levels`` rescalings at a ``scale``-bit scale
-(``scale = max(20, ceil(precision_bits + noise_bits(N)))``) when one ciphertext block fits in N/2 slots and
-``scale x levels + 2 x (scale + integer bits)`` stays within the HE-standard cap on log2 Q for N.
+plan's levels, precision and slot need. The rule has one home, he's: whether ring N holds the plan is asked of
+``select_parameters`` itself (offered only rings >= N, it holds at N or not), and the integer bits are its
+default. This module only words the answer so ``veil export he`` can say what decided N: a set holds ``levels``
+rescalings at a ``scale``-bit scale (``scale = max(20, ceil(precision_bits + noise_bits(N)))``) when one
+ciphertext block fits in N/2 slots and ``scale x levels + 2 x (scale + integer bits)`` stays within the
+HE-standard cap on log2 Q for N.
 
 Example:
     >>> choice = parameter_choice(plan)
@@ -14,13 +16,30 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
-from veil.he.params import MAX_LOG_Q_128, MAX_PRIME_BITS, MIN_SCALE_BITS, POLY_MODULUS_DEGREES, noise_bits
+from veil.he.errors import ParameterError
+from veil.he.params import (
+    MAX_LOG_Q_128,
+    MAX_PRIME_BITS,
+    MIN_SCALE_BITS,
+    POLY_MODULUS_DEGREES,
+    noise_bits,
+    select_parameters,
+)
 
-# integer bits of the output (first prime - scale) that compile asks select_parameters for (its default)
-INTEGER_BITS = 10
+# integer bits of the output (first prime - scale): compile asks select_parameters for its default
+INTEGER_BITS: int = inspect.signature(select_parameters).parameters["integer_bits"].default
+
+
+def _holds(n: int, levels: int, precision_bits: int, slots_needed: int) -> bool:
+    """he's rule: select_parameters, offered only rings >= n, picks n."""
+    try:
+        return select_parameters(levels, precision_bits, min_slots=max(slots_needed, n // 2)).poly_modulus_degree == n
+    except ParameterError:
+        return False
 
 
 def ring_fit(n: int, levels: int, precision_bits: int, slots_needed: int) -> dict[str, Any]:
@@ -37,8 +56,11 @@ def ring_fit(n: int, levels: int, precision_bits: int, slots_needed: int) -> dic
         reasons.append(f"{levels} levels at a {scale}-bit scale ({precision_bits} bits of precision + "
                        f"{noise_bits(n):g} of noise) need log2 Q >= {scale} x {levels} + 2 x ({scale} + "
                        f"{INTEGER_BITS}) = {need_q}, above the 128-bit cap {cap}")
+    fits = _holds(n, levels, precision_bits, slots_needed)
+    if not fits and not reasons:
+        reasons.append("select_parameters finds no 128-bit set at this N")
     return {"poly_modulus_degree": n, "slots": n // 2, "scale_bits": scale, "min_log_q": need_q, "max_log_q": cap,
-            "fits": not reasons, "why_not": "; ".join(reasons)}
+            "fits": fits, "why_not": "; ".join(reasons) if not fits else ""}
 
 
 def parameter_choice(plan) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from veil.he.recommend_spec import ADAPTER_SPEC_DIR, SPEC_FILE
+from veil.pave import ADAPTER_SPEC_DIR, SPEC_FILE
 
 from veil.config import atomic_dir
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from veil.he.recommend_spec import ADAPTER_SPEC_DIR, SPEC_FILE, PaveVector
+from veil.pave import ADAPTER_SPEC_DIR, SPEC_FILE, PaveVector
 
 from veil.config import ConfigError, write_atomic
 

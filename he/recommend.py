@@ -40,8 +40,8 @@ from veil.he.errors import EnvelopeError, KeyringError, MismatchError, Parameter
 from veil.he.evaluate import Chain
 from veil.he.keys import EvaluationKeys, SecretKeyring, max_bundle_bytes
 from veil.he.params import CkksParameters, select_parameters
-from veil.he.recommend_spec import PaveVector, SpecFormatError, check_identity, identity_hash
 from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
+from veil.pave import PaveVector, SpecFormatError, check_identity, identity_hash
 
 if TYPE_CHECKING:
     from veil.he.keystore import KeyStore

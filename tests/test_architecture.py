@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "onnx", "onnxscript", "onnxruntime", "safetensors", "transformers", "sklearn", "fastapi")
 CLIENT_MODULES = ("veil", "veil.cli", "veil.config", "veil.he", "veil.he.client", "veil.he.keys", "veil.he.envelope",
                   "veil.he.serialize", "veil.he.params", "veil.he.plan", "veil.he.keystore", "veil.he.errors",
-                  "veil.he.contract", "veil.he.cli")
+                  "veil.he.contract", "veil.he.cli", "veil.pave")
 CLIENT_PACKAGES = {"numpy", "tenseal", "cryptography"}
 
 
@@ -82,7 +82,8 @@ def test_the_base_install_is_the_client_and_dev_installs_everything() -> None:
     assert {"torch", "onnx", "onnxruntime", "safetensors", "transformers", "fastapi"} <= full
 
 
-ROOMS = {"training": "veil.training", "engine": "veil.engine", "he": "veil.he", "export": "veil.export"}
+ROOMS = {"training": "veil.training", "engine": "veil.engine", "he": "veil.he", "export": "veil.export",
+         "pave": "veil.pave"}
 
 
 def imported_modules(source: str, package: str) -> set[str]:
@@ -118,9 +119,12 @@ def offenders(room: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize(("room", "forbidden"), [
-    ("training", ("veil.export", "veil.engine")),  # data flows one way: training -> export -> engine
+    ("training", ("veil.export", "veil.engine", "veil.he")),  # data flows one way: training -> export -> engine
     ("engine", ("veil.training",)),
     ("he", ("torch", "veil.training", "veil.export", "veil.engine")),
+    # the PAVE specification every room shares: numpy only, below all of them (issue 32)
+    ("pave", ("torch", "onnx", "tenseal", "veil.training", "veil.export", "veil.he", "veil.engine", "veil.codec",
+              "veil.posterior", "veil.recommend")),
 ])
 def test_imports_flow_one_way(room: str, forbidden: tuple[str, ...]) -> None:
     """ARCHITECTURE.md "Data flows one way", checked on every import statement (also inside functions)."""
@@ -139,9 +143,11 @@ def test_rooms_import_under_the_veil_namespace() -> None:
     import veil.engine
     import veil.export
     import veil.he
+    import veil.pave
     import veil.training
 
-    for module, folder in ((veil.training, "training"), (veil.export, "export"), (veil.he, "he"), (veil.engine, "engine")):
+    for module, folder in ((veil.training, "training"), (veil.export, "export"), (veil.he, "he"), (veil.engine, "engine"),
+                           (veil.pave, "pave")):
         assert Path(module.__file__).resolve().parent == ROOT / folder
 
 

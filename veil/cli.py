@@ -41,7 +41,7 @@ GROUPS: dict[str, tuple[str, dict[str, str], str]] = {
     "sample": ("PriorGuide posterior sampling with a prior chosen at sampling time", {"": "veil.posterior.cli"},
                "veil sample models/gl5 --x 0.1 0.2 --prior '{\"family\": \"gaussian\", \"mean\": [0, 0], \"std\": 0.3}'"),
     "recommend": ("which served model fits my few labelled examples (PAVE specs; --private: CKKS-encrypted)",
-                  {"": "veil.training.pave.cli"}, "veil recommend --repo models --data few_shots.jsonl --private"),
+                  {"": "veil.recommend"}, "veil recommend --repo models --data few_shots.jsonl --private"),
     "cluster": ("k-clustering from a noisy quadruplet oracle (\"is d(a,b) <= d(c,d)?\")",
                 {"": "veil.algorithms.cluster.cli"}, "veil cluster --data items.jsonl --k 5 --oracle noisy --phi 0.15"),
     "games": ("Nash equilibria: regret matching (RM+ .. MI-SPRM+), CFR on OpenSpiel games",

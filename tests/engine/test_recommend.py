@@ -20,7 +20,7 @@ from veil.export.spec import write_spec
 from veil.he.envelope import open_envelope, seal_envelope
 from veil.he.errors import KeyringError
 from veil.he.recommend import PrivateRecommendClient
-from veil.he.recommend_spec import PaveVector, rank_models
+from veil.pave import PaveVector, rank_models
 
 IDENT = {"base": "toy-base", "base_sha256": "a" * 64, "projection_seed": 3, "rank": 2}
 DIM = 40

@@ -87,7 +87,7 @@ def test_a_re_export_without_a_spec_drops_the_old_models_pave_specs(tmp_path: Pa
     pave/<adapter>.json, and POST /v2/recommend ranked the new model by the old model's vector (issue 22)."""
     import numpy as np
     from veil.export.spec import write_spec
-    from veil.he.recommend_spec import PaveVector, spec_paths
+    from veil.pave import PaveVector, spec_paths
 
     ident = {"base": "b", "base_sha256": "0" * 64, "projection_seed": 1, "rank": 2}
     write_model(tmp_path, "m", 1, identity(), *SPECS, {"kind": "test"})

@@ -2,8 +2,8 @@
 
 A model's capability is the low-rank change of a shared base that refits the model's own predictions; a user's
 task is the same change fitted on their labelled examples; the closest vector (cosine) is the model to reuse.
-The file format, the comparison rules and the private (CKKS) matching are torch-free, in
-:mod:`veil.he.recommend_spec` and :mod:`veil.he.recommend`. See docs/recommend.md.
+The file format and the comparison rules are torch-free, in :mod:`veil.pave`; the private (CKKS) matching is in
+:mod:`veil.he.recommend`, and `veil recommend` (:mod:`veil.recommend`) joins the two. See docs/recommend.md.
 
 Example:
     >>> from veil.training.pave import PaveConfig, SpecBase, model_spec, user_spec, rank_models
@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from veil.he.recommend_spec import PaveVector, SpecFormatError, SpecMismatch, check_comparable, rank_models
+from veil.pave import PaveVector, SpecFormatError, SpecMismatch, check_comparable, rank_models
 
 from veil.config import lazy_exports
 

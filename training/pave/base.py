@@ -2,7 +2,7 @@
 
 Every model vector and every user vector of one repository is fitted on this same object; its identity (the
 encoder's weight hash, A's seed, rank and scale, the adapted modules, the head) travels in every spec, and specs of
-different identities are refused (:func:`veil.he.recommend_spec.check_comparable`).
+different identities are refused (:func:`veil.pave.check_comparable`).
 
 Only B (out x r per adapted linear) is trained: the adapted linear computes ``W x + b + B (A x)``. The layers below
 the first adapted one are frozen and identical for every fit, so their output is computed once per probe set

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from veil.he.recommend_spec import PaveVector, SpecMismatch
+from veil.pave import PaveVector, SpecMismatch
 
 from .base import SpecBase
 

@@ -1,29 +1,24 @@
-"""Which of a repository's models fits my data: the user side of ``veil recommend`` and its Python entry point.
+"""The training side of ``veil recommend``: a repository's specs, the spec base they were fitted on, the user's data.
 
-The user's spec is fitted here, on the user's machine, with exactly the settings of the repository's specs (read
-from their identity) on the same base (its weight hash is checked); then the models are ranked locally, or by a
-server's ``POST /v2/recommend`` in plaintext or privately (CKKS: the server sees neither the vector nor a score).
+The user's spec is fitted on the user's machine with exactly the settings of the repository's specs (read from
+their identity) on the same base (its weight hash is checked). Ranking it, locally, by a server or privately
+(CKKS), is :func:`veil.recommend.recommend`'s: training never imports he.
 
 Example:
-    >>> from veil.training.pave.recommend import recommend
-    >>> recommend("models", texts, labels, url="http://127.0.0.1:8000", private=True)["ranking"][:3]
+    >>> specs = repository_specs("models")
+    >>> base = base_for(next(iter(specs.values())).identity)
 """
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from veil.he.recommend_spec import PaveVector, SpecFormatError, SpecMismatch, rank_models, spec_paths
+from veil.pave import PaveVector, SpecFormatError, SpecMismatch, spec_paths
 
 from .base import SpecBase
 from .config import PaveConfig
-from .fit import user_spec
 
 
 def repository_specs(repo: str | Path) -> dict[str, PaveVector]:
@@ -82,82 +77,6 @@ def base_for(identity: dict[str, Any], base: str | None = None, **fit: Any) -> S
         raise SpecMismatch(f"base: the loaded base differs from the repository's spec base in {diff} (e.g. "
                            f"base_sha256 expected {identity['base_sha256']}, received {spec_base.base_sha256})")
     return spec_base
-
-
-def _post(url: str, body: bytes, content_type: str, timeout: float) -> bytes:
-    req = urllib.request.Request(url.rstrip("/") + "/v2/recommend", data=body, method="POST",
-                                 headers={"Content-Type": content_type})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:500]
-        raise ValueError(f"POST {url}/v2/recommend: HTTP {exc.code}: {detail}") from None
-
-
-def recommend(repo: str | Path, texts: Sequence[str], labels: Sequence[int], *, url: str | None = None,
-              private: bool = False, top_k: int | None = None, base: str | None = None,
-              timeout: float = 600.0) -> dict[str, Any]:
-    """Rank the repository's models for the task of ``texts`` / ``labels`` (a user's few labelled examples).
-
-    Args:
-        repo: the model repository folder (its specs give the spec settings; ranked locally without ``url``).
-        url: a ``veil serve`` of that repository: rank there (``POST /v2/recommend``).
-        private: encrypt the user's vector (CKKS, 128-bit); the ranking is decrypted here.
-        top_k: keep the best ``top_k``.
-        base: the base's transformers folder when it is not the bundled MiniLM.
-
-    Returns:
-        ``{"spec": {identity, identity_hash, dim}, "ranking": [{"model", "score"}...], "mode": ...}``; private
-        mode adds ``"bytes": {"keys", "query"}``: the evaluation keys registered once, the query sent.
-    """
-    specs = repository_specs(repo)
-    identity = next(iter(specs.values())).identity
-    spec = user_spec(base_for(identity, base), texts, labels)
-    mode = ("server" if url else "local") + (", private (CKKS)" if private else "")
-    sent: dict[str, int] = {}
-    if private:
-        ranking, sent = _private_ranking(spec, specs, url, timeout)
-    elif url:
-        body = json.dumps({"spec": spec.to_dict(), **({"top_k": top_k} if top_k else {})}).encode()
-        data = json.loads(_post(url, body, "application/json", timeout))
-        ranking = [(r["model"], r["score"]) for r in data["ranking"]]
-    else:
-        ranking = rank_models(spec, {n: s for n, s in specs.items() if s.identity == spec.identity})
-    return {"spec": spec.settings(), "mode": mode,
-            "ranking": [{"model": n, "score": round(float(s), 6)} for n, s in ranking[:top_k]],
-            **({"bytes": sent} if private else {})}
-
-
-def _private_ranking(spec: PaveVector, specs: dict[str, PaveVector], url: str | None,
-                     timeout: float) -> tuple[list[tuple[str, float]], dict[str, int]]:
-    """The private protocol: register the evaluation keys once, send the ciphertexts, decrypt the scores; against
-    ``url``, or in-process (a temporary key store and what the server runs) without one."""
-    import tempfile
-
-    from veil.he.keystore import KeyStore
-    from veil.he.recommend import (
-        PrivateRecommendClient,
-        encrypted_scores,
-        open_query,
-        registered_keys,
-        seal_scores,
-    )
-
-    client = PrivateRecommendClient(spec)
-    if url:
-        keys = client.register(url, timeout)["bytes"]
-        return client.rank(url, timeout), {"keys": keys, "query": client.last_request_bytes}
-    with tempfile.TemporaryDirectory(prefix="veil-pave-keys-") as folder:
-        store = KeyStore(Path(folder), quota_bytes=2**30, ttl_seconds=3600)
-        keys = client.register(store)["bytes"]
-        query = client.query()
-        same = {n: s for n, s in specs.items() if s.identity == spec.identity}
-        ident, _, cts, key_id, key_secret = open_query(query, max_dim=spec.dim)
-        names = sorted(same)
-        ct = encrypted_scores(registered_keys(store, key_id, key_secret), cts, np.stack([same[n].vector for n in names]))
-        answer = seal_scores(ct, names, key_id, ident)
-    return client.ranking(answer), {"keys": keys, "query": len(query)}
 
 
 def read_few_shots(path: str | Path) -> tuple[list[str], list[int]]:

@@ -12,11 +12,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from veil.he.recommend_spec import PaveVector, SpecFormatError, SpecMismatch, check_comparable, rank_models
+from veil.pave import PaveVector, SpecFormatError, SpecMismatch, check_comparable, rank_models
 from veil.training.pave import PaveConfig, SpecBase, model_spec, projection, user_spec
-from veil.training.pave.recommend import read_few_shots, recommend
+from veil.training.pave.recommend import read_few_shots
 
 from veil.config import ConfigError
+from veil.recommend import recommend
 
 WORDS = ["great", "awful", "fine", "blue", "seven", "table"]
 
