@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-poly-modulus-degree", type=int, default=None, choices=[4096, 8192, 16384, 32768],
                         help="with --refresh: also cut where a segment would need a larger ring N")
     parser.add_argument("--max-key-mib", type=int, default=MAX_KEY_BYTES >> 20,
-                        help="with --refresh: the most MiB of evaluation keys (all segments) a cutting may need "
-                             "(default %(default)s)")
+                        help="the most MiB of evaluation keys the model may need (with --refresh: all segments); "
+                             "over it a leaner key manifest is taken, or the export is refused (default %(default)s)")
     return parser
 
 

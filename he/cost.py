@@ -1,11 +1,15 @@
 """The compiler's cost model: predicted seconds of a plan, its key bytes and key-generation time.
 
 Stated, not tuned: one key switch (a rotation, or the relinearization after a ciphertext product) costs about
-``KEY_SWITCH_NS x N x L^2`` nanoseconds and a plaintext product ``PRODUCT_NS x N x L``, with N the ring and L the
-primes of the chain (the top level: an upper estimate, since ciphertexts lose a prime per level). Measured with
-SEAL 4 through tenseal 0.3.18 on one core of a 2-core AMD EPYC (AVX-512): a rotation 1.9 ms at N = 8192 (L = 4),
-16.6 ms at 16384 (L = 8), 120 ms at 32768 (L = 14), 267 ms at 32768 (L = 22): 14.5-18.7 ns x N x L^2; a
-plaintext product 5-12 ns x N x L; generating one key-switching key 150-165 ns x N x L^2.
+``N (a k (k + 1) + b k)`` nanoseconds and a plaintext product ``PRODUCT_NS x N x k``, with N the ring, (a, b) =
+``KEY_SWITCH_NS[N]`` and k the data primes left where the op runs (the chain's primes less the special one, less
+one per rescaling: a key switch decomposes the ciphertext into k parts and multiplies each with a key over k + 1
+primes). An op runs at the level of its inputs (``values[...]["level"]`` in the plan). The constants are
+``python benchmarks/he_opcost.py``'s fit (docs/results.md § he_opcost: SEAL 4 through tenseal 0.3.18, one core of
+a 2-core Xeon with AVX-512, rotations and relinearizations at the top, middle and last level of the chains the
+compiler picks, within ~10 % of each); N = 4096 takes 8192's. Generating one key-switching key costs
+``KEYGEN_NS x N x L^2`` (L: all primes). Counting every op at the top level, as this model did before, overstated
+the deep segments 2.3-3.3x (docs/results.md § he_deep).
 
 :func:`veil.he.segments.compile_segmented` picks, among the segmentations that fit 128-bit sets, the one with the
 lowest :func:`objective`: predicted evaluation seconds of one request, plus each refresh round's client work and
@@ -18,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-KEY_SWITCH_NS = 16.0
-PRODUCT_NS = 8.0
+KEY_SWITCH_NS = {4096: (6.6, 47.5), 8192: (6.6, 47.5), 16384: (11.2, 34.4), 32768: (13.1, 37.1)}
+PRODUCT_NS = 5.5
 KEYGEN_NS = 160.0
 ROUND_SECONDS = 0.25  # a refresh round: the client decrypts, re-encodes and encrypts, plus one round trip
 UPLOAD_BYTES_PER_SECOND = 100e6  # keys and ciphertexts over a 1 Gbit/s link, the order of a data-centre client
@@ -37,32 +41,43 @@ def _key_object_bytes(params) -> int:
 
 def plan_cost(plan) -> dict[str, Any]:
     """Predicted cost of one request through ``plan`` (a :class:`veil.he.plan.Plan`), and its keys."""
+    from veil.he.packing import decompose, rotation_uses
     from veil.he.params import galois_key_count  # tenseal: not needed by `veil export he --help`
 
     params = plan.parameters()
     n, primes = params.poly_modulus_degree, len(params.coeff_mod_bit_sizes)
     values = plan.spec.get("values", {})
-    switches = int(plan.spec.get("rotations", {}).get("key_switches", 0))
-    products = 0
+    period, manifest, slots = plan.spec.get("period"), set(plan.galois_steps), n // 2
+    switches = products = 0
+    a, b = KEY_SWITCH_NS[n]
+    switch_units = product_units = 0.0  # ns per N: a k (k + 1) + b k per key switch, k (x PRODUCT_NS) per product
     for op in plan.ops:
         kind = op["op"]
         width = 1 if plan.mode == "latency" else int(values.get(op["outputs"][0], {}).get("features", 1))
+        level = max((int(values.get(v, {}).get("level", 0)) for v in op["inputs"]), default=0)
+        k = max(1, primes - 1 - level)
+        op_switches = op_products = 0
         if kind == "mul":
-            switches += width
+            op_switches = width
         elif kind == "sumsq":
-            switches += width * len(op["inputs"])  # the square, and the mean's square when it has one
-        elif kind == "linear":
+            op_switches = width * len(op["inputs"])  # the square, and the mean's square when it has one
+        if kind in ("linear", "sumsq") and plan.mode == "latency":
+            op_switches += sum(count * len(decompose(step, manifest, slots))
+                               for step, count in rotation_uses([op], period).items())
+        if kind == "linear":
             if plan.mode == "latency":  # one product per mask of every diagonal part, plus the broadcast sums
-                products += sum(len(plan.tensors[part["masks"]]) for diagonals in op["diagonals"]
-                                for part in (diagonals or []) if part is not None)
-                products += sum(t is not None for broadcast in op["broadcast"] for t in (broadcast or []))
+                op_products = sum(len(plan.tensors[part["masks"]]) for diagonals in op["diagonals"]
+                                  for part in (diagonals or []) if part is not None)
+                op_products += sum(t is not None for broadcast in op["broadcast"] for t in (broadcast or []))
             else:
-                inputs = sum(int(values.get(v, {}).get("features", 1)) for v in op["inputs"])
-                products += inputs * width
+                op_products = sum(int(values.get(v, {}).get("features", 1)) for v in op["inputs"]) * width
+        switches, products = switches + op_switches, products + op_products
+        switch_units += op_switches * (a * k * (k + 1) + b * k)
+        product_units += op_products * k
     keys = 1 + galois_key_count(params, list(plan.galois_steps))
     key_bytes = keys * _key_object_bytes(params)
     return {"poly_modulus_degree": n, "primes": primes, "key_switches": switches, "plaintext_products": products,
-            "predicted_seconds": (switches * KEY_SWITCH_NS * n * primes**2 + products * PRODUCT_NS * n * primes) * 1e-9,
+            "predicted_seconds": (switch_units + product_units * PRODUCT_NS) * n * 1e-9,
             "keys": keys, "key_bytes": key_bytes, "keygen_seconds": keys * KEYGEN_NS * n * primes**2 * 1e-9}
 
 
@@ -86,7 +101,7 @@ def objective(costs: list[dict[str, Any]]) -> float:
     return evaluate + keys / KEY_AMORTIZE_REQUESTS
 
 
-MODEL = (f"predicted seconds = key switches x {KEY_SWITCH_NS} ns x N x L^2 + plaintext products x {PRODUCT_NS} ns "
-         f"x N x L per segment, + {ROUND_SECONDS} s per refresh round, + (key generation {KEYGEN_NS} ns x N x L^2 "
-         f"per key + upload at {UPLOAD_BYTES_PER_SECOND / 1e6:g} MB/s) / {KEY_AMORTIZE_REQUESTS} requests; "
-         f"keys within max_key_bytes")
+MODEL = (f"predicted seconds = key switches x N (a k(k+1) + b k) ns, (a, b) per N {KEY_SWITCH_NS}, + plaintext "
+         f"products x {PRODUCT_NS} ns x N x k per segment (k: data primes left at each op's level), + "
+         f"{ROUND_SECONDS} s per refresh round, + (key generation {KEYGEN_NS} ns x N x L^2 per key + upload at "
+         f"{UPLOAD_BYTES_PER_SECOND / 1e6:g} MB/s) / {KEY_AMORTIZE_REQUESTS} requests; keys within max_key_bytes")

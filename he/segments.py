@@ -224,7 +224,8 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
         max_poly_modulus_degree: with ``refresh``, also cut where a segment would need a larger ring than
             this (a client or server that cannot hold N = 32768 keys); None: any 128-bit set.
         compiler: the compile function (default :func:`veil.he.compile.compile`); tests pass a wrapper.
-        max_key_bytes: with ``refresh``, the most evaluation-key bytes (all segments) a cutting may need.
+        max_key_bytes: the most evaluation-key bytes the plan (with ``refresh``: all its segments) may need; a
+            plan over it is switched to a leaner key manifest, cut (with ``refresh``), or refused.
 
     Returns:
         A :class:`SegmentedPlan`; ``report`` says what was chosen and why.
@@ -251,11 +252,15 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
                                  f"compile_segmented(..., refresh=True)) to run it in several rounds.") from exc
         needed, whole_error = _too_deep_levels(exc), str(exc)
     else:
-        if whole.parameters().poly_modulus_degree <= cap:
-            return SegmentedPlan([whole], [], {"rounds": 1, "cuts": [], "levels": whole.levels,
-                                               "why": "the whole plan fits one 128-bit parameter set: no refresh"})
         needed = whole.levels
-        whole_error = f"it needs N={whole.parameters().poly_modulus_degree} > max_poly_modulus_degree={cap}"
+        if whole.parameters().poly_modulus_degree <= cap:
+            single = _within_key_budget(whole, max_key_bytes, refuse=not refresh)
+            if single is not None:
+                return single
+            whole_error = (f"one set's keys need more than max_key_bytes={max_key_bytes} under every key manifest "
+                           f"({', '.join(('as compiled', *LEANER_MANIFESTS))})")
+        else:
+            whole_error = f"it needs N={whole.parameters().poly_modulus_degree} > max_poly_modulus_degree={cap}"
     candidates = cut_candidates(model)
     model = _with_shapes(model, candidates)
     points = [model.graph.input[0].name, *candidates, model.graph.output[0].name]
@@ -278,6 +283,32 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
                 f"has the lowest predicted cost, {objective(costs):.2f} s a request"),
     }
     return SegmentedPlan(plans, cuts, report)
+
+
+def _within_key_budget(whole: Plan, max_key_bytes: int, refuse: bool) -> SegmentedPlan | None:
+    """The one-round plan under the cheapest key manifest whose keys fit ``max_key_bytes`` (as compiled first);
+    None when none fits and a cutting may still (``refuse`` off), else a ParameterError naming the budget."""
+    from veil.he.compile import with_key_manifest
+
+    variants = {tuple(whole.galois_steps): whole}
+    for manifest in LEANER_MANIFESTS:
+        variant = with_key_manifest(whole, manifest)
+        variants.setdefault(tuple(variant.galois_steps), variant)
+    fitting = [(objective([plan_cost(v)]), v) for v in variants.values() if key_bytes([v]) <= max_key_bytes]
+    if fitting:
+        plan = min(fitting, key=lambda pair: pair[0])[1]
+        manifest = "as compiled" if plan is whole else f"key manifest {plan.spec['rotation_keys']!r}"
+        return SegmentedPlan([plan], [], {
+            "rounds": 1, "cuts": [], "levels": plan.levels, "key_bytes": key_bytes([plan]),
+            "max_key_bytes": max_key_bytes,
+            "why": f"the whole plan fits one 128-bit parameter set: no refresh; {manifest}, keys within "
+                   f"{max_key_bytes / 2**20:.0f} MiB"})
+    if not refuse:
+        return None
+    need = min(key_bytes([v]) for v in variants.values())
+    raise ParameterError(f"compile_segmented: max_key_bytes expected >= {need} (the fewest key bytes the plan needs "
+                         f"under any key manifest, {need / 2**20:.1f} MiB), received {max_key_bytes}; raise it "
+                         f"(`veil export he --max-key-mib`) or export with client refresh (`--refresh`)")
 
 
 def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits: int,

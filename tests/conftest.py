@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -41,6 +42,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 def load_benchmark() -> Callable[[str], ModuleType]:
     """``load_benchmark(name)``: ``benchmarks/<name>.py`` as a fresh module (the scripts are not a package)."""
     def load(name: str) -> ModuleType:
+        if str(BENCHMARKS) not in sys.path:  # as `python benchmarks/<name>.py` has it: `from common import ...`
+            sys.path.insert(0, str(BENCHMARKS))
         spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
         assert spec is not None and spec.loader is not None, name
         module = importlib.util.module_from_spec(spec)

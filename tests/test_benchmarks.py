@@ -79,6 +79,22 @@ def test_he_digits_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert "<!-- he_digits:begin -->" in (tmp_path / "results.md").read_text()
 
 
+def test_he_opcost_benchmark_quick_fits_the_stated_form(load_benchmark, tmp_path) -> None:
+    """The op-cost calibration runs, and its two-term per-ring form reproduces what it measured (the form
+    he/cost.py states), with the rows at every probed level of the N = 8192 chain."""
+    module = load_benchmark("he_opcost")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results" / "he_opcost.json").read_text())
+    rows = report["rows"]
+    assert {r["N"] for r in rows} == {8192} and len({r["k"] for r in rows}) == 3
+    a, b = report["fit"]["key_switch_ns"]["8192"]
+    for r in rows:
+        predicted = r["N"] * (a * r["k"] * (r["k"] + 1) + b * r["k"]) * 1e-9
+        assert 0.5 < predicted / r["rotate_s"] < 2.0
+        assert r["rotate_s"] > r["plain_product_s"] > r["add_s"] > 0
+    assert "<!-- he_opcost:begin -->" in (tmp_path / "results.md").read_text()
+
+
 def test_he_cnn_reads_mnist_idx_files_and_upscales_digits(load_benchmark, tmp_path) -> None:
     """The idx loader reads the layout MNIST ships (plain and gzipped) and refuses a header that lies."""
     import gzip

@@ -82,6 +82,27 @@ def test_a_plan_that_fits_is_one_segment() -> None:
     assert plan.hash() == plan.plans[0].hash()  # a one-segment plan keeps its plain plan hash
 
 
+def test_a_one_segment_plan_keeps_to_the_key_budget() -> None:
+    """max_key_bytes binds a plan that fits one set too (it used to be returned whatever its keys): over the budget
+    it takes a leaner key manifest of the same program, and a budget no manifest meets is refused with the figure,
+    with refresh or without (no cutting has fewer than one key either)."""
+    from veil.he.compile import with_key_manifest
+    from veil.he.cost import key_bytes
+
+    torch.manual_seed(0)
+    model = export_graph(nn.Sequential(nn.Linear(40, 40), PolyAct(40, PolyActConfig(degree=2)), nn.Linear(40, 10)),
+                         (torch.randn(4, 40),), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    whole = compile(model)
+    exact = key_bytes([whole])
+    lean = compile_segmented(model, max_key_bytes=exact - 1)
+    assert lean.rounds == 1 and lean.report["key_bytes"] == key_bytes(lean.plans) <= exact - 1
+    assert lean.plans[0].spec["rotation_keys"] != "exact" and lean.plans[0].ops == whole.ops
+    assert key_bytes([with_key_manifest(whole, "binary")]) < exact  # the leanest manifest the search could take
+    for refresh in (False, True):
+        with pytest.raises(ParameterError, match=r"max_key_bytes expected >= \d+.*received 1\b"):
+            compile_segmented(model, refresh=refresh, max_key_bytes=1)
+
+
 def test_segments_each_fit_and_cover_the_levels() -> None:
     whole = compile(exported("mlp"))  # 7 levels: N=16384 at 20 bits
     plan = compile_segmented(exported("mlp"), refresh=True, max_poly_modulus_degree=8192)
@@ -270,7 +291,7 @@ def test_a_tight_key_budget_switches_segments_to_leaner_key_manifests() -> None:
                                        "compiler": cached}
     fast = compile_segmented(model, **options)
     lean_keys = sum(len(with_key_manifest(p, "pow2").galois_steps) for p in fast.plans)
-    assert lean_keys < sum(len(p.galois_steps) for p in fast.plans)  # pow2 needs fewer keys here
+    assert lean_keys < sum(len(with_key_manifest(p, "exact").galois_steps) for p in fast.plans)  # pow2: fewer keys
     budget = fast.report["key_bytes"] - 1
     lean = compile_segmented(model, max_key_bytes=budget, **options)
     assert lean.report["key_bytes"] <= budget < fast.report["key_bytes"]
