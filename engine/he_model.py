@@ -99,7 +99,7 @@ class HeModel:
         self.encoded_bytes = getattr(plane.options, "he_encoded_bytes", None)
         self.ready, self.session, self.scheduler = False, None, None  # no ORT session, no batcher
         self.metrics: ModelMetrics | None = None
-        # set by a deployment with evaluation workers (veil.engine.ray_serve, --he-workers): a latency request's
+        # set by a deployment with evaluation workers (veil.engine.ray_replica, --he-workers): a latency request's
         # ciphertexts are independent, so chunks of them evaluate on the workers at once; None: all here
         self.fan_out: FanOut | None = None
         self.inputs = {CIPHERTEXT: TensorConfig(CIPHERTEXT, "BYTES", [1])}
@@ -171,7 +171,8 @@ class HeModel:
         return {CIPHERTEXT: np.array([await asyncio.to_thread(self._evaluate, feeds)], dtype=object)}, 0
 
     def _stage_for(self, data: bytes, key_id: str) -> tuple[Any, Stage]:
-        """Open the request envelope and pick its segment (``meta.round``); hashes checked against that segment."""
+        """Open the request envelope once (checksum included) and pick its segment (``meta.round``); its hashes are
+        checked against that segment's."""
         envelope = open_envelope(data, expect_kind="request", expect_key_id=key_id)
         k = envelope.meta.get("round", 0)
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(self.stages):
@@ -180,7 +181,9 @@ class HeModel:
         if len(self.stages) > 1 and envelope.meta.get("plan_hash") != self.plan_hash:
             raise EnvelopeError(f"envelope.meta.plan_hash: expected {self.plan_hash!r} (the model's combined plan "
                                 f"hash), received {envelope.meta.get('plan_hash')!r}")
-        open_envelope(data, expect_params_hash=stage.params_hash, expect_plan_hash=stage.plan_hash)
+        for name, want in (("params_hash", stage.params_hash), ("plan_hash", stage.plan_hash)):
+            if getattr(envelope, name) != want:  # as open_envelope's expect_* would say it
+                raise EnvelopeError(f"envelope.{name}: expected {want!r}, received {getattr(envelope, name)!r}")
         return envelope, stage
 
     def _evaluate(self, feeds: dict[str, Any]) -> bytes:

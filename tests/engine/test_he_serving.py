@@ -361,6 +361,26 @@ def test_seal_errors_during_evaluation_are_400_with_one_log_line(app_client, tin
     assert _infer(app_client, "tiny-he", he, key, ring.encrypt_to_bytes([_vector(he)])).status_code == 200
 
 
+def test_each_request_envelope_is_opened_once(app_client, tiny_key, monkeypatch) -> None:
+    """Issue 32: the envelope was opened (unpacked and its checksum computed) twice per request; a wrong plan hash
+    is still refused naming the field."""
+    from veil.engine import he_model
+    from veil.he.envelope import open_envelope
+
+    ring, he, key = tiny_key
+    opened: list[int] = []
+
+    def counting(data: bytes, **expect):
+        opened.append(len(data))
+        return open_envelope(data, **expect)
+
+    monkeypatch.setattr(he_model, "open_envelope", counting)
+    assert _infer(app_client, "tiny-he", he, key, ring.encrypt_to_bytes([_vector(he)])).status_code == 200
+    assert len(opened) == 1
+    r = _infer(app_client, "tiny-he", {**he, "plan_hash": "0" * 64}, key, ring.encrypt_to_bytes([_vector(he)]))
+    assert r.status_code == 400 and f"envelope.plan_hash: expected {he['plan_hash']!r}" in r.json()["error"]
+
+
 # -- issue 18 §2: plans deeper than one parameter set, in client-refresh rounds ---------------------------------
 @pytest.fixture(scope="module")
 def deep_repo(tmp_path_factory):
