@@ -82,6 +82,17 @@ def test_argparse_flags_generated_from_metadata() -> None:
         parser.parse_args(["--mode", "z"])
 
 
+def test_help_shows_each_default_once_and_no_empty_one() -> None:
+    """Issue 32: `veil serve --help` printed `(default: )` for empty defaults and a second default after a help text
+    that already stated one (--he-key-dir)."""
+    from veil.engine.cli import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "(default: )" not in text
+    assert "(default: <repo>/.he-keys) (default:" not in text and "(default: <repo>/.he-keys)" in text
+    assert "TCP port (default: 8000)" in text
+
+
 def test_a_field_named_by_the_prefix_is_not_prefixed_twice() -> None:
     @dataclass
     class Method(Config):

@@ -144,8 +144,10 @@ class Config:
             if f.name in skip or (isinstance(hint, type) and issubclass(hint, Config)):
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            kwargs: dict[str, Any] = {"default": None, "dest": flag_dest(prefix, f.name),
-                                      "help": f"{f.metadata.get('help', '')} (default: {default})"}
+            text = f.metadata.get("help", "")
+            if default != "" and "default:" not in text:  # an empty default says nothing; a stated one once
+                text = f"{text} (default: {default})"
+            kwargs: dict[str, Any] = {"default": None, "dest": flag_dest(prefix, f.name), "help": text}
             origin, args = get_origin(hint), get_args(hint)
             if origin in _UNION_TYPES:
                 hint = next(a for a in args if a is not type(None))
