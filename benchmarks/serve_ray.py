@@ -160,7 +160,7 @@ def markdown(results: dict, command: str) -> str:
 Command: `{command}` — {env['date']}, {env['machine']}, Ray {env['ray']}, onnxruntime {env['onnxruntime']}.
 Model `wide` (`veil.engine.toy.digits_model`, hidden {WIDE_HIDDEN}); requests of each batch size, binary tensor
 extension, {results['concurrency']} keep-alive connections through Ray's HTTP proxy (`http`), or {results['concurrency']}
-calls in flight on one gRPC channel to the front's gRPC server (`grpc`, engine/ray_grpc.py: front -> replica by
+calls in flight on one gRPC channel to the front's gRPC server (`grpc`, engine/ray_plane.py: front -> replica by
 deployment handle), {results['requests']} requests per setting; each replica reserves 1 CPU and runs ONNX Runtime on
 1 thread. Client, proxy, front and replicas share the machine's cores (load average {results['load_before']} before the
 run: other processes share them too).

@@ -6,12 +6,14 @@ Plaintext serving (`veil serve --repo DIR`, docs/serving.md), one module per job
     runtime     ONNX Runtime session factory: providers verified, threads, warm-up, IO binding
     models      one served model version: load, ready, check inputs, infer
     batcher     Triton-style dynamic batching (one asyncio loop per model)
-    dataplane   the model registry and protocol-agnostic inference
+    plane       the data-plane protocol both fronts serve; dataplane: its in-process implementation (the
+                model registry and protocol-agnostic inference)
     protocol    OIP v2 tensors on the wire: JSON and Triton's binary extension
-    http        route functions; server: wiring and uvicorn; server_config: its settings (torch/ORT-free);
-                cli: the `veil serve` verb
+    http        the HTTP front's route functions; grpc_server: the gRPC front; server: wiring and uvicorn;
+                server_config: its settings (torch/ORT-free); cli: the `veil serve` verb
     repository  Triton model repository and config.pbtxt (pbtxt: the text-format parser)
     metrics     Prometheus /metrics and Triton /stats; errors: exception classes and HTTP handlers
     toy         tiny ONNX models and repositories for tests, examples and benchmarks
-    ray_serve   the same repository as Ray Serve applications (`veil serve --ray`; optional: veil[ray])
+    ray_serve   the same repository as Ray Serve applications (`veil serve --ray`; optional: veil[ray]):
+                ray_plane (the front's data plane), ray_replica (a model's replicas), ray_config (settings)
 """

@@ -1,38 +1,43 @@
-"""The data plane: the model registry (the only way to a model) and protocol-agnostic inference.
+"""The in-process data plane: the model registry (the only way to a model) and protocol-agnostic inference.
 
-HTTP routes (:mod:`veil.engine.http`) decode bodies with :mod:`veil.engine.protocol` and call the methods
-here; nothing in this module knows about HTTP. Implements the Open Inference Protocol v2 semantics
-(https://github.com/kserve/open-inference-protocol, REST spec) and Triton's model-repository extension.
+:class:`DataPlane` implements :class:`~veil.engine.plane.Plane` with the models loaded in this process (``veil
+serve``, and each Ray Serve replica of ``veil serve --ray``). The fronts (:mod:`veil.engine.http`,
+:mod:`veil.engine.grpc_server`) decode their messages and call the methods here; nothing in this module knows about
+a transport. Implements the Open Inference Protocol v2 semantics (https://github.com/kserve/open-inference-protocol,
+REST spec) and Triton's model-repository extension.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import importlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from veil.config import sweep_stale
 
-from .adapters import select_adapter
-from .errors import MalformedRequest, ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
+from .adapters import adapter_metadata, select_adapter
+from .errors import ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput
 from .metrics import Metrics
 from .models import OnnxModel
-
-if TYPE_CHECKING:
-    from veil.he.keystore import KeyStore
+from .plane import Plane
 from .protocol import InferRequest, InferResponse
 from .repository import CUSTOM_BACKENDS, check_model_name, index, read_model
 from .runtime import RuntimeOptions
 
+if TYPE_CHECKING:
+    from veil.he.keystore import KeyStore
+
 logger = logging.getLogger("veil.engine")
 
 
-class DataPlane:
+class DataPlane(Plane):
     """Loads the models of a repository and answers metadata, readiness and inference for them.
 
     Args:
@@ -130,6 +135,50 @@ class DataPlane:
         return {f"{m.name}/{m.version}": m.session.provider if m.session is not None else m.config.backend
                 for versions in self.models.values() for m in versions.values()}
 
+    # -- health and metadata (Plane) ------------------------------------------------------------------
+    async def server_ready(self) -> tuple[bool, dict[str, Any]]:
+        ok = self.ready()
+        return ok, {"ready": ok, "execution_providers": self.providers()}
+
+    async def model_ready(self, name: str, version: str | None) -> dict[str, Any]:
+        m = self.get_model(name, version)
+        return {"name": m.name, "version": m.version, "ready": m.ready,
+                "execution_provider": m.session.provider if m.session else None}
+
+    async def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        m = self.get_model(name, version)
+        return adapter_metadata(m.metadata(self.versions(name)), getattr(m, "adapters", None), name)
+
+    async def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        m = self.get_model(name, version)
+        config = m.config.to_triton_json()
+        if m.manifest is not None:
+            config["veil"] = m.manifest
+        return config
+
+    async def model_inputs(self, name: str, version: str | None) -> dict[str, str]:
+        return {n: t.datatype for n, t in self.get_model(name, version).inputs.items()}
+
+    async def statistics(self, name: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
+        """Triton's statistics entries, plus ``adapter_cache`` (LRU hits, misses, evictions) for adapter models."""
+        if name is None:
+            models = [m for versions in self.models.values() for m in versions.values()]
+        elif version is None:
+            self.get_model(name)  # 404 when unknown
+            models = list(self.models[name.partition(":")[0]].values())
+        else:
+            models = [self.get_model(name, version)]
+        rows = []
+        for m in models:
+            if m.metrics is not None:
+                rows.append(m.metrics.to_triton())
+                if getattr(m, "adapters", None) is not None:
+                    rows[-1]["adapter_cache"] = m.adapters.stats()
+        return rows
+
+    def prometheus(self) -> bytes:
+        return self.metrics.render()
+
     # -- inference ------------------------------------------------------------------------------------
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         """Validate, schedule (batched or not) and select the requested outputs.
@@ -162,7 +211,7 @@ class DataPlane:
                              binary=requested, id=request.id)
 
     # -- model repository extension -------------------------------------------------------------------
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """Triton's repository index: every model folder with its versions' state."""
         rows: list[dict[str, Any]] = []
         for name in sorted(set(index(self.repo)) | set(self.models)):
@@ -173,26 +222,13 @@ class DataPlane:
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": self.unavailable.get(name, "unloaded")})
         return [r for r in rows if r["state"] == "READY"] if ready_only else rows
 
-    @staticmethod
-    def check_load_parameters(parameters: dict[str, Any]) -> None:
-        """A repository load request's ``parameters``: veil loads ``config.pbtxt`` and the version folders from
-        the repository, so a ``config`` override or ``file:`` contents (Triton applies them) are refused rather
-        than answered OK and ignored (issue 31 item 17).
-
-        Raises:
-            MalformedRequest: naming the parameters received (400 / INVALID_ARGUMENT).
-        """
-        if parameters:
-            raise MalformedRequest(f"load parameters: expected none (veil loads config.pbtxt and the model files "
-                                   f"from the repository; edit them there, then load), received "
-                                   f"{sorted(str(k)[:40] for k in parameters)[:8]}")
-
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         """(Re)load a model from disk; the old versions keep serving until the new ones are ready.
 
         Raises:
-            InvalidModelName, ModelNotFound, ModelLoadFailed.
+            MalformedRequest (``parameters`` given), InvalidModelName, ModelNotFound, ModelLoadFailed.
         """
+        self.check_load_parameters(parameters)
         check_model_name(name)
         try:
             new = await asyncio.get_running_loop().run_in_executor(None, self._load_versions, name)
@@ -227,3 +263,47 @@ class DataPlane:
         """Graceful shutdown: every model finishes its queued and running requests."""
         await asyncio.gather(*(m.scheduler.drain() for versions in self.models.values() for m in versions.values()
                                if m.scheduler is not None))
+
+    # -- HE evaluation keys (Plane) ---------------------------------------------------------------------
+    async def key_upload_bounds(self) -> tuple[int, str, Path]:
+        """The largest key bundle accepted: what the largest served plan's key manifest needs
+        (:func:`~veil.engine.he_model.key_upload_limit`) or private matching's keys
+        (:func:`~veil.engine.recommend.key_bundle_limit`, when a loaded model has a PAVE spec), or the store's
+        quota if smaller; the setting that bounds it; the store's folder.
+
+        Raises:
+            ModelNotFound: no encrypted-inference model and no PAVE spec is loaded, so no key is accepted.
+        """
+        from .he_model import key_upload_limit
+        from .recommend import key_bundle_limit
+
+        he_limit, pave_limit = key_upload_limit(self), key_bundle_limit(self)
+        if he_limit is None and pave_limit is None:
+            raise ModelNotFound("POST /v2/he/keys: no encrypted-inference (veil_he) model and no model with a PAVE "
+                                "spec (private /v2/recommend) is loaded, so no key is accepted")
+        store, limit = self.keystore(), max(x for x in (he_limit, pave_limit) if x is not None)
+        if store.quota_bytes < limit:
+            return store.quota_bytes, "--he-key-quota-mb", store.root
+        return limit, ("the largest served HE plan's key bundle" if limit == he_limit else
+                       "private /v2/recommend's key bundle"), store.root
+
+    async def register_keys(self, path: str, source: str, key_secret: str | None) -> dict[str, Any]:
+        body = await asyncio.to_thread(Path(path).read_bytes)
+        return await register_key_bytes(self.keystore(), body, source, key_secret)
+
+    async def delete_keys(self, key_id: str, token: str | None, admin: bool) -> None:
+        self.keystore().delete(key_id, token, admin=admin)
+
+
+# key registrations parse in their own threads: HE evaluations (asyncio.to_thread, the default pool of
+# min(32, cores + 4) threads) could otherwise take every thread and hold a registration for their whole run
+_KEY_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="veil-keys")
+
+
+async def register_key_bytes(store: KeyStore, body: bytes, source: str, key_secret: str | None) -> dict[str, Any]:
+    """Register a key bundle (off the event loop: parsing ~100 MiB of keys takes seconds) -> the response body.
+
+    It runs in a pool of its own (``_KEY_POOL``), never behind HE evaluations in the default one."""
+    register = functools.partial(store.register, body, source=source, key_secret=key_secret)
+    reg = await asyncio.get_running_loop().run_in_executor(_KEY_POOL, register)
+    return {"key_id": reg.key_id, "key_secret": reg.key_secret, "bytes": reg.size, "ttl_seconds": store.ttl_seconds}

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("veil.engine")
+REPLICA_HEADER = "veil-replica"  # which Ray Serve replica answered (response header)
 
 
 class EngineError(Exception):
@@ -159,11 +160,12 @@ class DeployError(EngineError):
 
 class ReplicaError(EngineError):
     """An error a model replica answered (``veil serve --ray``), passed on by the front with the replica's status
-    and message, so a client sees what ``veil serve`` alone would have said."""
+    and message, so a client sees what ``veil serve`` alone would have said; over HTTP the response names the
+    replica in its ``veil-replica`` header (:data:`REPLICA_HEADER`)."""
 
-    def __init__(self, status_code: int, message: str) -> None:
+    def __init__(self, status_code: int, message: str, replica: str = "") -> None:
         super().__init__(message)
-        self.status_code = status_code
+        self.status_code, self.replica = status_code, replica
 
 
 class InvalidCodecInput(InferenceFailed):
@@ -222,6 +224,8 @@ async def _engine_error(_: Request, exc: EngineError) -> Response:
     response = error_response(http_status(exc), str(exc))
     if response.status_code in (408, 413):  # the rest of the body was never read: the connection cannot be reused
         response.headers["connection"] = "close"
+    if isinstance(exc, ReplicaError) and exc.replica:
+        response.headers[REPLICA_HEADER] = exc.replica
     return response
 
 

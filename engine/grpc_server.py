@@ -1,8 +1,9 @@
 """The OIP v2 gRPC front: ``inference.GRPCInferenceService`` over the same data plane as HTTP.
 
 ``veil serve --grpc-port P`` starts a ``grpc.aio`` server on the HTTP server's event loop, so both fronts share
-one :class:`~veil.engine.dataplane.DataPlane` (models, batchers, statistics, HE key store). Each RPC maps its
-message to the data plane and back, nothing else:
+one :class:`~veil.engine.plane.Plane` (in this process: models, batchers, statistics, HE key store; with
+``--ray``: the front replica's view of the model replicas). Each RPC maps its message to the data plane and back,
+nothing else:
 
     ServerLive / ServerReady / ModelReady / ServerMetadata / ModelMetadata     health and metadata
     ModelInfer            tensors in ``raw_input_contents`` (or typed ``contents``); outputs always raw
@@ -28,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -40,18 +40,9 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from grpc import aio
 
-from veil import __version__
-
 from . import proto
-from .errors import (
-    DatatypeMismatch,
-    EngineError,
-    MalformedRequest,
-    RepositoryApiDisabled,
-    ShapeMismatch,
-    Unauthorized,
-    grpc_code,
-)
+from .errors import DatatypeMismatch, EngineError, MalformedRequest, ShapeMismatch, grpc_code
+from .plane import check_admin
 from .protocol import (
     DATATYPES,
     Expected,
@@ -66,11 +57,10 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from .dataplane import DataPlane
+    from .plane import Plane
 
 logger = logging.getLogger("veil.engine")
 msg = proto.msg
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "veil_he_keys"]
 # datatype -> the InferTensorContents field that carries it when not raw (FP16/BF16 travel raw only)
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
@@ -169,25 +159,23 @@ class InferenceService:
         max_bytes_elements: the most elements one BYTES input may declare (``--max-bytes-elements``).
     """
 
-    def __init__(self, plane: DataPlane, admin_token: str | None, max_bytes_elements: int | None = None) -> None:
+    def __init__(self, plane: Plane, admin_token: str | None, max_bytes_elements: int | None = None) -> None:
         self.plane, self.admin_token, self.max_bytes_elements = plane, admin_token, max_bytes_elements
 
     async def ServerLive(self, request: Any, context: aio.ServicerContext) -> Any:
         return msg.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: aio.ServicerContext) -> Any:
-        return msg.ServerReadyResponse(ready=self.plane.ready())
+        return msg.ServerReadyResponse(ready=(await self.plane.server_ready())[0])
 
     async def ModelReady(self, request: Any, context: aio.ServicerContext) -> Any:
-        return msg.ModelReadyResponse(ready=self.plane.get_model(request.name, request.version or None).ready)
+        return msg.ModelReadyResponse(ready=(await self.plane.model_ready(request.name, request.version or None))["ready"])
 
     async def ServerMetadata(self, request: Any, context: aio.ServicerContext) -> Any:
-        extensions = EXTENSIONS + ["model_repository"] * (self.admin_token is not None)
-        return msg.ServerMetadataResponse(name="veil", version=__version__, extensions=extensions)
+        return msg.ServerMetadataResponse(**self.plane.server_metadata(admin=self.admin_token is not None))
 
     async def ModelMetadata(self, request: Any, context: aio.ServicerContext) -> Any:
-        m = self.plane.get_model(request.name, request.version or None)
-        body = m.metadata(self.plane.versions(request.name))
+        body = await self.plane.model_metadata(request.name, request.version or None)
         tensors = msg.ModelMetadataResponse.TensorMetadata
         return msg.ModelMetadataResponse(
             name=request.name, versions=body["versions"], platform=body["platform"],
@@ -196,8 +184,8 @@ class InferenceService:
 
     async def ModelInfer(self, request: Any, context: aio.ServicerContext) -> Any:
         name, version = request.model_name, request.model_version or None
-        model = self.plane.get_model(name, version)  # NOT_FOUND before any tensor is decoded
-        expected = Expected(name, {n: t.datatype for n, t in model.inputs.items()}, self.max_bytes_elements)
+        inputs = await self.plane.model_inputs(name, version)  # NOT_FOUND before any tensor is decoded
+        expected = Expected(name.partition(":")[0], inputs, self.max_bytes_elements)
         decoded = await off_loop(request.ByteSize(), decode_infer, request, expected)
         result = await self.plane.infer(name, version, decoded)
         return await off_loop(output_size(result), encode_infer, result)
@@ -206,42 +194,31 @@ class InferenceService:
         """config.pbtxt as Triton's ModelConfig; ``parameters["veil"]`` (veil.json) and ``["metadata"]`` (the
         model metadata's kind-specific parameters: HE parameters and key manifest, codec, sampler) as JSON text,
         which the OIP ModelMetadataResponse has no field for."""
-        from .adapters import adapter_metadata
-
-        m = self.plane.get_model(request.name, request.version or None)
-        config = m.config.to_triton_json()
-        meta = adapter_metadata(m.metadata(self.plane.versions(request.name)), getattr(m, "adapters", None),
-                                request.name)
+        name, version = request.name, request.version or None
+        config = await self.plane.model_config(name, version)
+        meta = await self.plane.model_metadata(name, version)
+        manifest = config.pop("veil", None)
         config["parameters"]["metadata"] = {"string_value": orjson.dumps(meta.get("parameters", {})).decode()}
-        if m.manifest is not None:
-            config["parameters"]["veil"] = {"string_value": orjson.dumps(m.manifest).decode()}
+        if manifest is not None:
+            config["parameters"]["veil"] = {"string_value": orjson.dumps(manifest).decode()}
         out = json_format.ParseDict(config, msg.ModelConfig(), ignore_unknown_fields=True)
         return msg.ModelConfigResponse(config=out)
 
     async def ModelStatistics(self, request: Any, context: aio.ServicerContext) -> Any:
-        plane = self.plane
-        if not request.name:
-            models = [m for versions in plane.models.values() for m in versions.values()]
-        elif not request.version:
-            plane.get_model(request.name)  # NOT_FOUND when unknown
-            models = list(plane.models[request.name.partition(":")[0]].values())
-        else:
-            models = [plane.get_model(request.name, request.version)]
-        stats = [json_format.ParseDict(m.metrics.to_triton(), msg.ModelStatistics(), ignore_unknown_fields=True)
-                 for m in models if m.metrics is not None]
-        return msg.ModelStatisticsResponse(model_stats=stats)
+        rows = await self.plane.statistics(request.name or None, request.version or None)
+        return msg.ModelStatisticsResponse(model_stats=[
+            json_format.ParseDict(row, msg.ModelStatistics(), ignore_unknown_fields=True) for row in rows])
 
     async def RepositoryIndex(self, request: Any, context: aio.ServicerContext) -> Any:
         self._check_admin(context)
-        rows = self.plane.repository_index(ready_only=request.ready)
+        rows = await self.plane.repository_index(ready_only=request.ready)
         index = msg.RepositoryIndexResponse.ModelIndex
         return msg.RepositoryIndexResponse(models=[index(name=r["name"], version=r.get("version", ""),
                                                          state=r["state"], reason=r.get("reason", "")) for r in rows])
 
     async def RepositoryModelLoad(self, request: Any, context: aio.ServicerContext) -> Any:
         self._check_admin(context)
-        self.plane.check_load_parameters(dict(request.parameters))
-        await self.plane.load(request.model_name)
+        await self.plane.load(request.model_name, dict(request.parameters))
         return msg.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: aio.ServicerContext) -> Any:
@@ -250,20 +227,10 @@ class InferenceService:
         return msg.RepositoryModelUnloadResponse()
 
     def _check_admin(self, context: aio.ServicerContext) -> None:
-        check_admin(self.admin_token, context)
-
-
-def check_admin(admin_token: str | None, context: aio.ServicerContext) -> None:
-    """The repository RPCs' refusals, the same as HTTP's: the API off without a token, the wrong or no bearer
-    token in the ``authorization`` metadata."""
-    if admin_token is None:
-        raise RepositoryApiDisabled("the repository API is off: start the server with --admin-token or "
-                                    "VEIL_ADMIN_TOKEN")
-    header = dict(context.invocation_metadata() or ()).get("authorization", "")
-    scheme, _, token = str(header).strip().partition(" ")
-    given = token.strip() if scheme.lower() == "bearer" else ""
-    if not hmac.compare_digest(given.encode(), admin_token.encode()):
-        raise Unauthorized("repository API: expected the metadata 'authorization: Bearer <admin token>'")
+        """The repository RPCs' refusals, the same as HTTP's, with the token from the ``authorization`` metadata."""
+        header = dict(context.invocation_metadata() or ()).get("authorization", "")
+        scheme, _, token = str(header).strip().partition(" ")
+        check_admin(self.admin_token, token.strip() if scheme.lower() == "bearer" else None, "metadata 'authorization")
 
 
 def parse(message_cls: Any, data: bytes) -> Any:
@@ -305,8 +272,7 @@ def _guarded(method: str, message_cls: Any, call: Callable[[Any, aio.ServicerCon
 
 def handlers(service: Any) -> grpc.GenericRpcHandler:
     """The generic handler routing ``/inference.GRPCInferenceService/<Method>`` to ``service`` (an
-    :class:`InferenceService`, or the Ray front's :class:`~veil.engine.ray_grpc.RayInferenceService`: one
-    coroutine per method). Requests arrive as bytes and are parsed by :func:`_answer`."""
+    :class:`InferenceService`: one coroutine per method). Requests arrive as bytes and are parsed by :func:`_answer`."""
     table = {name: grpc.unary_unary_rpc_method_handler(_guarded(name, req, getattr(service, name)),
                                                        request_deserializer=None,
                                                        response_serializer=resp.SerializeToString)

@@ -2,7 +2,7 @@
 
 A latency-mode HE request carries up to ``he_max_ciphertexts`` ciphertexts (each a block of images), and each is
 a whole, independent evaluation of the plan (seconds at N = 16384). A replica deployed with ``--he-workers W``
-(:mod:`veil.engine.ray_serve`) starts W :class:`HeWorker` Ray actors and splits such a request into W contiguous
+(:mod:`veil.engine.ray_replica`) starts W :class:`HeWorker` Ray actors and splits such a request into W contiguous
 chunks, one per worker (:meth:`veil.engine.he_model.HeModel._run`); the replica opens and checks the envelope,
 the round and the keys' owner as always, and only the ciphertext chunks travel. A throughput-mode request (one
 ciphertext per input feature, all of them one computation) is evaluated in the replica, unsplit.

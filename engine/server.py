@@ -1,5 +1,10 @@
 """Wiring: the FastAPI app (routes, exception handlers, lifespan) and the uvicorn server around it.
 
+The app is the one HTTP front (:mod:`veil.engine.http`) and, with ``grpc_port``, the one gRPC front
+(:mod:`veil.engine.grpc_server`) over a data plane: by default a :class:`~veil.engine.dataplane.DataPlane` that loads
+the repository into this process; ``veil serve --ray`` passes its front replica's
+:class:`~veil.engine.ray_plane.RayPlane` instead.
+
 Example:
     >>> from veil.engine.server import ServerConfig, create_app
     >>> app = create_app(ServerConfig(repo="models/"))   # loads every model, warms them up
@@ -27,6 +32,7 @@ from . import http, recommend
 from .dataplane import DataPlane
 from .errors import add_exception_handlers
 from .metrics import Metrics
+from .plane import Plane
 from .server_config import ServerConfig
 
 
@@ -39,17 +45,19 @@ def open_keystore(config: ServerConfig):  # -> veil.he.keystore.KeyStore
                     memory_items=config.he_key_cache, keys_per_source=config.he_keys_per_source)
 
 
-def create_app(config: ServerConfig, models: list[str] | None = None) -> FastAPI:
-    """Load every model of ``config.repo`` (or only ``models``; warm-up included) and return the app serving them.
+def create_app(config: ServerConfig, models: list[str] | None = None, plane: Plane | None = None) -> FastAPI:
+    """The app serving ``plane``; without one, load every model of ``config.repo`` (or only ``models``; warm-up
+    included) into a :class:`~veil.engine.dataplane.DataPlane`.
 
     Raises:
         FileNotFoundError: the repository folder does not exist.
         ModelLoadFailed: a model cannot be loaded (the message names it and the problem).
     """
     logging.getLogger("veil.engine").setLevel(config.log_level.upper())
-    metrics = Metrics()
-    plane = DataPlane(Path(config.repo), config.runtime_options(), metrics, keystore=lambda: open_keystore(config))
-    plane.load_all(models)
+    if plane is None:
+        plane = DataPlane(Path(config.repo), config.runtime_options(), Metrics(),
+                          keystore=lambda: open_keystore(config))
+        plane.load_all(models)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,7 +78,7 @@ def create_app(config: ServerConfig, models: list[str] | None = None) -> FastAPI
 
     app = FastAPI(title="veil", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.dataplane, app.state.metrics = plane, metrics
+    app.state.dataplane = plane
     app.state.admin_token = config.admin_token
     app.state.max_body_bytes = int(config.max_body_mb * 2**20)
     app.state.max_json_elements, app.state.body_timeout_s = config.max_json_elements, config.body_timeout_s

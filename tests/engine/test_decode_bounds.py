@@ -214,7 +214,7 @@ def test_key_registration_is_not_queued_behind_he_evaluations() -> None:
     from concurrent.futures import ThreadPoolExecutor
     from types import SimpleNamespace
 
-    from veil.engine import http
+    from veil.engine import dataplane
 
     class Store:
         ttl_seconds = 60.0
@@ -227,7 +227,7 @@ def test_key_registration_is_not_queued_behind_he_evaluations() -> None:
         loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
         held = [asyncio.ensure_future(asyncio.to_thread(release.wait, 30)) for _ in range(2)]
         try:
-            return await asyncio.wait_for(http.register_key_bytes(Store(), b"keys", "10.0.0.1", None), 20)
+            return await asyncio.wait_for(dataplane.register_key_bytes(Store(), b"keys", "10.0.0.1", None), 20)
         finally:
             release.set()
             await asyncio.gather(*held)

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from veil.engine import ray_serve
+from veil.engine import ray_config, ray_plane
 from veil.engine.cli import ray_config_from_args
 from veil.engine.server import ServerConfig
 from veil.engine.toy import affine_model, write_repository
@@ -25,17 +25,17 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_replicas_come_from_instance_group_unless_given(repo: Path):
-    default = ray_serve.RayConfig()
-    assert ray_serve.deployment_options(repo, "one", default)["num_replicas"] == 1
-    assert ray_serve.deployment_options(repo, "three", default)["num_replicas"] == 3
-    assert ray_serve.deployment_options(repo, "three", ray_serve.RayConfig(replicas=2))["num_replicas"] == 2
-    auto = ray_serve.deployment_options(repo, "one", ray_serve.RayConfig(min_replicas=1, max_replicas=4))
+    default = ray_config.RayConfig()
+    assert ray_config.deployment_options(repo, "one", default)["num_replicas"] == 1
+    assert ray_config.deployment_options(repo, "three", default)["num_replicas"] == 3
+    assert ray_config.deployment_options(repo, "three", ray_config.RayConfig(replicas=2))["num_replicas"] == 2
+    auto = ray_config.deployment_options(repo, "one", ray_config.RayConfig(min_replicas=1, max_replicas=4))
     assert "num_replicas" not in auto and auto["autoscaling_config"]["max_replicas"] == 4
 
 
 def test_replicas_get_absolute_paths_and_one_thread_per_cpu(repo: Path, monkeypatch):
     monkeypatch.chdir(repo.parent)
-    config = ray_serve.replica_config(ServerConfig(repo="repo"), ray_serve.RayConfig(replica_cpus=1.5))
+    config = ray_config.replica_config(ServerConfig(repo="repo"), ray_config.RayConfig(replica_cpus=1.5))
     assert config.repo == str(repo.resolve()) and config.he_key_dir == str(repo.resolve() / ".he-keys")
     assert config.intra_op_threads == 2
 
@@ -59,7 +59,7 @@ def _row(count: int) -> dict:
 
 
 def test_stats_are_summed_over_replicas_with_each_listed():
-    board = ray_serve._Board()
+    board = ray_plane.Board()
     board.reports = {}
     board.report("r1", "m", 11, [_row(2)])
     board.report("r2", "m", 12, [_row(5)])
@@ -77,10 +77,10 @@ def test_replicas_beyond_the_clusters_cpus_fail_fast(tmp_path: Path, monkeypatch
     five = write_repository(tmp_path / "five", {f"m{i}": affine_model() for i in range(5)})
     with pytest.raises(ConfigError, match=r"the replicas reserve 10 CPUs \(m0 2, m1 2, m2 2, m3 2, m4 2\), expected at "
                                           r"most the cluster's 2; lower --replicas .*--replica-cpus"):
-        ray_serve.check_cluster_cpus(five, ray_serve.RayConfig(replicas=2), 2.0)
-    ray_serve.check_cluster_cpus(five, ray_serve.RayConfig(replicas=1, replica_cpus=0.4), 2.0)  # 2.0 fits
-    auto = ray_serve.RayConfig(min_replicas=1, max_replicas=8, replica_cpus=0.5)
-    assert ray_serve.required_cpus(five, auto) == {f"m{i}": 0.5 for i in range(5)}
+        ray_config.check_cluster_cpus(five, ray_config.RayConfig(replicas=2), 2.0)
+    ray_config.check_cluster_cpus(five, ray_config.RayConfig(replicas=1, replica_cpus=0.4), 2.0)  # 2.0 fits
+    auto = ray_config.RayConfig(min_replicas=1, max_replicas=8, replica_cpus=0.5)
+    assert ray_config.required_cpus(five, auto) == {f"m{i}": 0.5 for i in range(5)}
 
     import ray
 
@@ -88,7 +88,7 @@ def test_replicas_beyond_the_clusters_cpus_fail_fast(tmp_path: Path, monkeypatch
     monkeypatch.setattr(ray, "init", lambda **kwargs: None)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
-    monkeypatch.setattr(ray_serve.serve, "start", lambda **kwargs: started.append("start"))
+    monkeypatch.setattr(ray_plane.serve, "start", lambda **kwargs: started.append("start"))
     from veil.engine.cli import main
 
     assert main(["--repo", str(five), "--ray", "--replicas", "2", "--port", "0"]) == 2

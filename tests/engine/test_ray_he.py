@@ -102,7 +102,7 @@ def test_veil_serve_ray_with_he_workers_splits_requests(he_repo, cluster, tmp_pa
     import socket
 
     from ray import serve
-    from veil.engine import ray_serve
+    from veil.engine import ray_config, ray_serve
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -127,7 +127,7 @@ def test_veil_serve_ray_with_he_workers_splits_requests(he_repo, cluster, tmp_pa
         assert not list(key_dir.glob(".upload-*"))
         x = np.random.default_rng(2).normal(size=(2 * session.layout(0).batch_capacity, 6)).astype(np.float32)
         logits = session.decrypt(session.infer(session.encrypt(x)))
-        stats = serve.get_app_handle(ray_serve.model_app_name("tiny-he")).he_worker_stats.remote().result()
+        stats = serve.get_app_handle(ray_config.model_app_name("tiny-he")).he_worker_stats.remote().result()
     finally:
         serve.shutdown()
     expected = ort.InferenceSession(str(he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]

@@ -22,7 +22,7 @@ th = pytest.importorskip("tritonclient.http")
 tg = pytest.importorskip("tritonclient.grpc")
 httpx = pytest.importorskip("httpx")
 
-from veil.engine import ray_serve  # noqa: E402
+from veil.engine import ray_config, ray_serve  # noqa: E402
 from veil.engine.server_config import ServerConfig  # noqa: E402
 from veil.engine.toy import digits_model, write_repository  # noqa: E402
 
@@ -91,7 +91,7 @@ def _replicas(url: str, want: int, timeout: float = 60.0, exclude: frozenset = f
         rows = [r for r in stats["replicas"] if r["replica"] not in exclude and r["inference_count"] > 0]
         if (len(rows) >= want and sum(r["success_count"] for r in rows) >= successes) or time.monotonic() > deadline:
             return rows
-        time.sleep(ray_serve.REPORT_S)
+        time.sleep(ray_config.REPORT_S)
 
 
 def test_two_replicas_answer_stock_tritonclient(cluster):
@@ -175,7 +175,7 @@ def test_adapters_are_multiplexed_over_both_fronts(cluster):
     tensor.set_data_from_numpy(x)
     client = th.InferenceServerClient(url)
     np.testing.assert_allclose(client.infer("tiny", [tensor]).as_numpy("y"), base, rtol=1e-5, atol=1e-5)
-    routed = client.infer("tiny", [tensor], headers={ray_serve.MULTIPLEX_HEADER: "t1"}).as_numpy("y")
+    routed = client.infer("tiny", [tensor], headers={ray_config.MULTIPLEX_HEADER: "t1"}).as_numpy("y")
     by_name = client.infer("tiny:t1", [tensor]).as_numpy("y")  # through the front, forwarded with the adapter
     g_tensor = tg.InferInput("x", [2, 4], "FP32")
     g_tensor.set_data_from_numpy(x)
@@ -192,7 +192,7 @@ def test_adapters_are_multiplexed_over_both_fronts(cluster):
         caches = [r.get("adapter_cache", {}) for r in stats["replicas"]]
         if any("t1" in str(c) for c in caches) or time.monotonic() > deadline:
             break
-        time.sleep(ray_serve.REPORT_S)
+        time.sleep(ray_config.REPORT_S)
     assert any("t1" in str(c) for c in caches), stats
 
 

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -19,8 +20,9 @@ pytest.importorskip("ray.serve")
 
 from ray.serve._private.common import DeploymentStatusTrigger
 from ray.serve.schema import ApplicationStatusOverview, DeploymentStatusOverview, ServeStatus
-from veil.engine import ray_serve
+from veil.engine import http, ray_plane, ray_serve
 from veil.engine.cli import main
+from veil.engine.server_config import ServerConfig
 from veil.engine.toy import affine_model, write_repository
 
 pytestmark = pytest.mark.timeout(30)
@@ -155,27 +157,22 @@ class _Never:
             return asyncio.get_running_loop().create_future()
 
 
-class _Front(ray_serve.VeilFront):
-    def __del__(self) -> None:  # Ray's wrapper's async __del__ needs a replica
-        pass
+def _plane(repo: Path) -> Any:
+    """The front's data plane over ``repo`` with every model's handle replaced by :class:`_Never`."""
+    plane = ray_plane.RayPlane(ServerConfig(repo=str(repo)), ray_plane.RayConfig(), ray_plane.Board())
+    plane.model_handle = lambda name, adapter="": _Never()
+    return plane
 
 
-def _front(models: list[str]) -> Any:
-    front = object.__new__(_Front)
-    front.models = models
-    front.model_handle = lambda name, adapter="": _Never()
-    return front
-
-
-def test_ready_answers_503_while_replicas_are_pending(monkeypatch):
+def test_ready_answers_503_while_replicas_are_pending(repo: Path, monkeypatch):
     """Before, /v2/health/ready asked each model's handle and hung while Ray waited for CPUs."""
     status = _status({"m0": _app("DEPLOYING", "UPDATING", running=0, message=PENDING), "m1": _app("RUNNING")})
     monkeypatch.setattr(ray_serve.serve, "status", lambda: status)
-    monkeypatch.setattr(ray_serve, "READY_PROBE_S", 0.2, raising=False)
-    front = _front(["m0", "m1"])
+    monkeypatch.setattr(ray_plane, "READY_PROBE_S", 0.2)
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(dataplane=_plane(repo))))
 
     async def probe() -> tuple[Any, Any]:
-        return (await asyncio.wait_for(front.ready(None), 10), await asyncio.wait_for(front.live(None), 10))
+        return (await asyncio.wait_for(http.ready(request), 10), await asyncio.wait_for(http.live(request), 10))
 
     ready, live = asyncio.run(probe())
     # m0 has no running replica (not asked); m1's running replica did not answer within READY_PROBE_S

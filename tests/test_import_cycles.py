@@ -1,0 +1,118 @@
+"""No import circles between veil's modules (issue 32: `engine/ray_grpc.py <-> engine/ray_serve.py` was one).
+
+Every import that runs counts, also one inside a function (a lazy import still ties the two modules together);
+imports under ``if TYPE_CHECKING:`` do not run and do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+from importlib.util import resolve_name
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _packages() -> dict[str, Path]:
+    """Import name -> folder, from pyproject's namespace mapping (``veil.engine`` -> ``engine/``...)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return {name: ROOT / folder for name, folder in setuptools["package-dir"].items() if "." in name}
+
+
+def _modules() -> dict[str, Path]:
+    """Every library module by its dotted name."""
+    out = {}
+    for package, folder in _packages().items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            out[".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """The dotted names ``tree`` imports (relative ones resolved; ``from a import b``: ``a`` and ``a.b``), skipping
+    ``if TYPE_CHECKING:`` blocks."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: set[str] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            source = resolve_name("." * node.level + (node.module or ""), package) if node.level else node.module
+            found |= {source, *(f"{source}.{alias.name}" for alias in node.names)}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the library modules it imports."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        imported = _imports(ast.parse(path.read_text()), name, path.name == "__init__.py")
+        graph[name] = {m for m in imported if m in modules and m != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_engine_has_no_import_circle() -> None:
+    """The Ray fronts were an import circle; the one data plane (engine/plane.py) under two fronts has none."""
+    graph = import_graph()
+    engine = {m: deps for m, deps in graph.items() if m.startswith("veil.engine")}
+    assert circles(engine) == []
+    assert "veil.engine.ray_grpc" not in graph  # the Ray gRPC front is the one gRPC front over the Ray plane
+
+
+def test_the_circle_finder_sees_lazy_imports_and_skips_type_checking_ones() -> None:
+    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n"
+              "def f():\n    from .c import g\n")
+    assert _imports(ast.parse(source), "veil.engine.a", False) >= {"veil.engine.c", "veil.engine.c.g"}
+    assert "veil.engine.b" not in _imports(ast.parse(source), "veil.engine.a", False)
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
