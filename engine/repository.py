@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from veil.kinds import BACKENDS, Backend
+
 from .errors import InvalidModelName, ModelLoadFailed
 from .pbtxt import parse_model_config
 from .protocol import datatype_to_triton, triton_to_datatype
@@ -50,11 +52,10 @@ class CustomBackend:
     filename: str
 
 
-# config.pbtxt `backend:` -> veil model kind; Triton cannot serve these, veil can
+# config.pbtxt `backend:` -> veil's own backends (veil.kinds.BACKENDS, the one table); Triton cannot serve these
 CUSTOM_BACKENDS: dict[str, CustomBackend] = {
-    "veil_he": CustomBackend("veil.engine.he_model", "HeModel", "plan.json"),  # encrypted inference (CKKS plan)
-    "veil_codec": CustomBackend("veil.engine.codec_model", "CodecModel", "codec.json"),  # ARPC image codec
-    "veil_sampler": CustomBackend("veil.engine.sampler_model", "SamplerModel", "sampler.json"),  # PriorGuide
+    backend.value: CustomBackend(*spec.model.split(":"), spec.filename)
+    for backend, spec in BACKENDS.items() if backend is not Backend.ONNXRUNTIME
 }
 
 
@@ -90,7 +91,7 @@ class ModelConfig:
     graph_level: int | None = None
     version_policy: dict[str, Any] = field(default_factory=lambda: {"latest": {"num_versions": 1}})
     model_filename: str = "model.onnx"
-    backend: str = "onnxruntime"  # or one of CUSTOM_BACKENDS (veil's own model kinds)
+    backend: str = Backend.ONNXRUNTIME.value  # or one of CUSTOM_BACKENDS (veil's own model kinds)
 
     def to_triton_json(self) -> dict[str, Any]:
         """The JSON Triton returns from ``GET /v2/models/{m}/config`` (field names as in model_config.proto)."""

@@ -14,6 +14,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from veil import kinds
+from veil.kinds import Backend, Tensor
+
 from .protocol import datatype_to_triton
 
 _ONNX_TYPES = {"FP32": TensorProto.FLOAT, "FP16": TensorProto.FLOAT16, "INT64": TensorProto.INT64,
@@ -76,22 +79,19 @@ def digits_model(hidden: int = 64, seed: int = 0) -> onnx.ModelProto:
 
 def config_pbtxt(name: str, model: onnx.ModelProto, max_batch_size: int = 0, batching: str | None = None,
                  extra: str = "") -> str:
-    """A Triton ``config.pbtxt`` declaring the graph's inputs/outputs (batch dim dropped when batched)."""
-    def tensors(values: list) -> str:
+    """A Triton ``config.pbtxt`` declaring the graph's inputs/outputs (batch dim dropped when batched), written by
+    :func:`veil.kinds.config_pbtxt` as every exporter's is."""
+    def tensors(values: list) -> list[Tensor]:
         rows = []
         for v in values:
             datatype = next(k for k, t in _ONNX_TYPES.items() if t == v.type.tensor_type.elem_type)
             dims = [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim]
-            dims = dims[1:] if max_batch_size > 0 else dims
-            rows.append(f'  {{ name: "{v.name}" data_type: {datatype_to_triton(datatype)} dims: {dims} }}')
-        return "[\n" + ",\n".join(rows) + "\n]"
+            rows.append(Tensor(v.name, datatype_to_triton(datatype), dims[1:] if max_batch_size > 0 else dims))
+        return rows
 
-    text = (f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {max_batch_size}\n'
-            f"input {tensors(list(model.graph.input))}\noutput {tensors(list(model.graph.output))}\n"
-            'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
-    if batching is not None:
-        text += f"dynamic_batching {{ {batching} }}\n"
-    return text + extra
+    return kinds.config_pbtxt(name, Backend.ONNXRUNTIME, tensors(list(model.graph.input)),
+                              tensors(list(model.graph.output)), max_batch_size=max_batch_size,
+                              batching=batching) + extra
 
 
 def write_repository(repo: str | Path, models: dict[str, onnx.ModelProto], max_batch_size: int | dict[str, int] = 0,

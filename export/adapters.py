@@ -43,6 +43,8 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from veil.kinds import Kind
+
 from .adapters_format import ADAPTER_VERSION, run_with_adapter, write_onnx_adapter  # noqa: F401  (re-exported)
 from .adapters_graph import (  # noqa: F401  (re-exported)
     AdapterInputs,
@@ -150,11 +152,11 @@ def export_adapters(model: nn.Module, spec: ExportSpec, adapters: dict[str, str 
                 check = validate_export(reference, merged_graph, spec.make_inputs, spec.cases, spec.dynamic,
                                         spec.output_names)
                 write_model(repo, f"{name}-{lora.adapter_id}", version, merged_graph, spec.inputs, spec.outputs,
-                            {**(manifest or {}), "kind": "lora-merged", "adapter": lora.summary(), "validation": check},
+                            {**(manifest or {}), "kind": Kind.LORA_MERGED.value, "adapter": lora.summary(), "validation": check},
                             max_batch_size=max_batch_size)
             rows.append({**lora.summary(), "file": f"adapters/{lora.adapter_id}.onnx_adapter",
                          "parity": adapter_parity(model, spec, session, lora, path, merged_graph)})
-        full = {**(manifest or {}), "kind": "lora-adapters", "export": graph.info, "validation": base_check,
+        full = {**(manifest or {}), "kind": Kind.LORA_ADAPTERS.value, "export": graph.info, "validation": base_check,
                 "lora": {"rank": rank, "modules": list(targets), "inputs": graph.info["lora_inputs"]["names"],
                          "scale": "folded into B"}, "adapters": rows}
         if heads:
@@ -163,7 +165,7 @@ def export_adapters(model: nn.Module, spec: ExportSpec, adapters: dict[str, str 
                             "default": "0 labels (logits (batch, 0)) when no adapter or an adapter without a head"}
         files = {f"adapters/{lora.adapter_id}.onnx_adapter": Path(tmp) / f"{lora.adapter_id}.onnx_adapter"
                  for lora in loras}
-        cache = f'parameters {{ key: "adapter_cache_size" value: {{ string_value: "{cache_size}" }} }}\n'
+        # graph, adapters and config.pbtxt published at once
         write_model(repo, name, version, graph.model, spec.inputs, spec.outputs, full, max_batch_size=max_batch_size,
-                    model_files=files, config_extra=cache)  # graph, adapters and config.pbtxt published at once
+                    model_files=files, parameters={"adapter_cache_size": str(cache_size)})
     return full

@@ -18,12 +18,14 @@ import json
 import sys
 from pathlib import Path
 
+from veil.kinds import CHECKPOINT_VERBS
+
 from .cli_args import repository_arguments
 
-# checkpoint kind (config.json "kind") -> what exports it: "onnx" here, or the verb that does
-ONNX_KINDS = ("uldnet", "huggingface-encoder")
-OTHER_VERBS = {"codec": "veil export codec", "priorguide-sampler": "veil export sampler",
-               "forecast": "veil export forecast", "finetune": "veil export finetuned"}
+# checkpoint kind (config.json "kind") -> what exports it (veil.kinds): this verb, or the one named
+VERB = "veil export onnx"
+ONNX_KINDS = tuple(kind for kind, verb in CHECKPOINT_VERBS.items() if verb == VERB)
+OTHER_VERBS = {kind: verb for kind, verb in CHECKPOINT_VERBS.items() if verb != VERB}
 
 EXAMPLE = """example:
   veil export onnx runs/polycnn --repo models --name digits

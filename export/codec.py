@@ -28,19 +28,12 @@ from veil.training.codec.model import Prior, Tokenizer
 from veil.training.codec.trainer import geometry, load_codec
 
 from veil.config import write_atomic
+from veil.kinds import Kind, codec_config
 
 from .onnx_export import export_graph, package_versions
 from .repository import NAME_PATTERN, model_folder
 from .swap import ExportError
 
-CONFIG = """name: "{name}"
-backend: "veil_codec"
-default_model_filename: "codec.json"
-max_batch_size: 0
-input [ {{ name: "image" data_type: TYPE_STRING dims: [ 1 ] }}, {{ name: "bitstream" data_type: TYPE_STRING dims: [ 1 ] }} ]
-output [ {{ name: "bitstream" data_type: TYPE_STRING dims: [ 1 ] }}, {{ name: "image" data_type: TYPE_STRING dims: [ 1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
 TOLERANCE = 1e-4
 
 
@@ -107,12 +100,12 @@ def export_codec(checkpoint: str | Path, repo: str | Path, name: str, version: i
         report = export_graphs(tok, prior, tmp)
         digest = artifact_hash(tmp)
         manifest = {
-            "format": 1, "name": name, "version": version, "kind": "codec", "model_hash": digest,
+            "format": 1, "name": name, "version": version, "kind": Kind.CODEC.value, "model_hash": digest,
             "stream_model_hash": digest[:8], "scales": config["model"]["scales"], "bits": config["model"]["bits"],
             "training_images": config.get("images", []),
             "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
             "versions": package_versions(), **report,
         }
         write_atomic(folder / "veil.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))
-        write_atomic(folder / "config.pbtxt", CONFIG.format(name=name))
+        write_atomic(folder / "config.pbtxt", codec_config(name))
     return manifest

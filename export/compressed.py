@@ -17,6 +17,8 @@ from torch import nn
 from veil.training.compress.lowrank.layer import FactorizedLinear
 from veil.training.encoder import SentenceEncoder
 
+from veil.kinds import Kind
+
 from .encoder import DYNAMIC, random_tokens
 from .onnx_export import export_graph
 from .repository import TensorSpec, write_model
@@ -70,7 +72,7 @@ def export_compressed(model: nn.Module, repo: str | Path, name: str, version: in
                                      ["sentence_embedding"])
         inputs = [TensorSpec("input_ids", "int64", [-1, -1]), TensorSpec("attention_mask", "int64", [-1, -1])]
         outputs = [TensorSpec("sentence_embedding", "float32", [-1, width])]
-        kind = "sentence-embedding"
+        kind = Kind.SENTENCE_EMBEDDING.value
     else:
         vocab = vocab_size or model.config.vocab_size
         wrapped = LMLogits(model).eval()
@@ -84,7 +86,7 @@ def export_compressed(model: nn.Module, repo: str | Path, name: str, version: in
                                                                   {"batch": 3, "sequence": 7}], LM_DYNAMIC, ["logits"])
         inputs = [TensorSpec("input_ids", "int64", [-1, -1])]
         outputs = [TensorSpec("logits", "float32", [-1, -1, vocab])]
-        kind = "causal-lm-logits"
+        kind = Kind.CAUSAL_LM_LOGITS.value
     pairs = factorised_matmul_pairs(graph.model)
     manifest = {"name": name, "version": version, "kind": kind, "export": graph.info, "validation": validation,
                 "compression": {"factorised_layers": len(ranks), "ranks": ranks, "matmul_pairs": len(pairs)},

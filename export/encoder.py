@@ -31,6 +31,8 @@ from veil.training.encoder import (  # noqa: F401  (re-exported: the encoder exp
     sample_sentences,
 )
 
+from veil.kinds import Kind
+
 from .attention_fusion import canonicalize_bert_attention
 from .onnx_export import export_graph
 from .quantize import quantize_dynamic_int8
@@ -92,7 +94,7 @@ def export_sentence_encoder(source: str, repo: str | Path, name: str | None = No
                                   [{"batch": 1, "sequence": 128}, {"batch": 4, "sequence": 33}], DYNAMIC, ["sentence_embedding"])
     manifest: dict[str, Any] = {
         "name": name, "version": version,
-        "kind": "sentence-embedding",
+        "kind": Kind.SENTENCE_EMBEDDING.value,
         "source": {"model": source, "folder": str(folder), "architecture": config.model_type},
         "pooling": "mean", "normalize": model.normalize, "max_sequence": config.max_position_embeddings,
         "export": graph.info, "validation": validation,

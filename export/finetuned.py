@@ -27,6 +27,8 @@ from veil.training.adapters import AdapterModel
 from veil.training.adapters.finetune import build_classifier
 from veil.training.adapters.interop import encoder_source
 
+from veil.kinds import Kind
+
 from .adapters import ExportSpec
 from .encoder import DYNAMIC, random_tokens
 from .onnx_export import export_graph
@@ -147,7 +149,7 @@ def export_finetuned(run: str | Path, repo: str | Path, name: str, version: int 
         exported.model = exported.model.merge_and_unload()  # AdapterModel -> base with W + ΔW
     graph = export_graph(exported, tuple(spec.example.values()), list(spec.example), spec.output_names, spec.dynamic)
     check = validate_export(reference, graph.model, spec.make_inputs, spec.cases, spec.dynamic, spec.output_names)
-    manifest = {"kind": "finetuned-merged" if folded else "finetuned-unmerged", "method": method,
+    manifest = {"kind": (Kind.FINETUNED_MERGED if folded else Kind.FINETUNED_UNMERGED).value, "method": method,
                 "task": settings.get("task"), "labels": labels, "run": str(run),
                 "adapter": {"peft_type": adapted.config.to_peft_dict().get("peft_type"),
                             "trainable": adapted.trainable_report()["trainable"]},

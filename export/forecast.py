@@ -28,20 +28,13 @@ from torch import nn
 from veil.training.checkpoint import checkpoint_hash
 from veil.training.forecast import LinearForecaster, NotAffineError, load_forecaster
 
+from veil.kinds import Kind
+
 from .functions import DEFAULT_OPSET
 from .onnx_export import export_graph, package_versions
-from .repository import NAME_PATTERN, TensorSpec, model_folder, write_model
+from .repository import NAME_PATTERN, TensorSpec, write_model
 from .swap import ExportError
 from .validate import TOLERANCES, ExportValidationError, cpu_session
-
-HE_CONFIG = """name: "{name}"
-backend: "veil_he"
-default_model_filename: "plan.json"
-max_batch_size: 0
-input [ {{ name: "ciphertext" data_type: TYPE_STRING dims: [ 1 ] }} ]
-output [ {{ name: "ciphertext" data_type: TYPE_STRING dims: [ 1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
 
 
 def affine_graph(a: np.ndarray, c: np.ndarray, lookback: int, horizon: int, channels: int) -> onnx.ModelProto:
@@ -154,7 +147,7 @@ def export_forecast(checkpoint: str | Path, repo: str | Path, name: str | None =
         exported = export_graph(RawForecaster(forecaster).eval(), (example,), ["x"], ["y"], {"x": {0: "batch"}})
         graph, info = exported.model, exported.info | {"graph": "un-collapsed (instance norm in the graph)"}
     report = validate_graph(graph, forecaster)
-    manifest = {"kind": "forecast", **_describe(forecaster, config, checkpoint), "collapse": collapse_report,
+    manifest = {"kind": Kind.FORECAST.value, **_describe(forecaster, config, checkpoint), "collapse": collapse_report,
                 "validation": report, "precision": "fp32", "export": info}
     spec_in = TensorSpec("x", "float32", [-1, model.lookback, forecaster.n_channels])
     spec_out = TensorSpec("y", "float32", [-1, model.horizon, forecaster.n_channels])
@@ -184,27 +177,18 @@ def export_forecast_he(checkpoint: str | Path, repo: str | Path, name: str, mode
 
     ``client_normalisation``: see :func:`compile_forecast`; veil.json records it under ``input``.
     """
-    from veil.he.params import describe
-
-    from .he_params import parameter_choice
+    from .he import plan_manifest, write_plan_model
 
     if not NAME_PATTERN.match(name):
         raise ExportError(f"--name: expected letters, digits, '_', '.', '-', received {name!r}")
     forecaster, config = _load(checkpoint)
     plan = compile_forecast(forecaster, mode, precision_bits, client_normalisation)
-    params = plan.parameters()
-    manifest = {"format": 1, "name": name, "version": version, "kind": "he-plan", "mode": mode, "task": "forecast",
-                **_describe(forecaster, config, checkpoint),
-                "input_shape": [forecaster.config.lookback, forecaster.n_channels], "levels": plan.levels,
-                "parameters": params.to_dict(), "params_hash": params.hash(), "plan_hash": plan.hash(),
-                "galois_steps": plan.galois_steps, "describe": describe(params, plan.galois_steps),
-                "parameter_choice": parameter_choice(plan), "batch_capacity": plan.spec["batch_capacity"],
-                "rounds": 1, "cuts": [],
-                "input": ("client-normalised: z = (x - mean) / std per channel (train split), then the window's "
-                          "instance norm; the client undoes both on the decrypted forecast" if client_normalisation
-                          else "raw windows (normalisation folded into the plan)")}
-    with model_folder(repo, name, version) as (folder, version_folder):
-        plan.save(version_folder)
-        (folder / "veil.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
-        (folder / "config.pbtxt").write_text(HE_CONFIG.format(name=name))
+    manifest = plan_manifest(name, version, mode, plan) | {
+        "task": "forecast", **_describe(forecaster, config, checkpoint),
+        "input_shape": [forecaster.config.lookback, forecaster.n_channels],
+        "batch_capacity": plan.spec["batch_capacity"], "rounds": 1, "cuts": [],
+        "input": ("client-normalised: z = (x - mean) / std per channel (train split), then the window's "
+                  "instance norm; the client undoes both on the decrypted forecast" if client_normalisation
+                  else "raw windows (normalisation folded into the plan)")}
+    write_plan_model(repo, name, version, manifest, plan.save)
     return manifest

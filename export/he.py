@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from veil.he.compile import compile as he_compile
@@ -29,6 +30,7 @@ from veil.he.segments import compile_segmented
 from veil.training.checkpoint import checkpoint_hash
 from veil.training.uldnet import load_uldnet
 
+from veil.kinds import Kind, he_config
 from veil.progress import stage
 
 from .he_params import parameter_choice
@@ -37,15 +39,27 @@ from .repository import NAME_PATTERN, model_folder
 from .swap import ExportError
 from .uldnet import input_contract
 
-CONFIG = """name: "{name}"
-backend: "veil_he"
-default_model_filename: "plan.json"
-max_batch_size: 0
-input [ {{ name: "ciphertext" data_type: TYPE_STRING dims: [ 1 ] }} ]
-output [ {{ name: "ciphertext" data_type: TYPE_STRING dims: [ 1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
+if TYPE_CHECKING:
+    from veil.he.plan import Plan
 
+
+def plan_manifest(name: str, version: int, mode: str, plan: Plan) -> dict[str, Any]:
+    """The ``veil.json`` fields every ``he-plan`` model records: mode, levels, CKKS parameters and their hash, the
+    plan hash, the Galois steps, what the set costs (``describe``) and why it is the smallest ring that holds it."""
+    params = plan.parameters()
+    return {"format": 1, "name": name, "version": version, "kind": Kind.HE_PLAN.value, "mode": mode,
+            "levels": plan.levels, "parameters": params.to_dict(), "params_hash": params.hash(),
+            "plan_hash": plan.hash(), "galois_steps": plan.galois_steps,
+            "describe": describe(params, plan.galois_steps), "parameter_choice": parameter_choice(plan)}
+
+
+def write_plan_model(repo: str | Path, name: str, version: int, manifest: dict[str, Any],
+                     save: Callable[[Path], None], filename: str = "plan.json") -> None:
+    """Publish an HE plan model whole: ``save(version_folder)`` writes the plan, then veil.json and config.pbtxt."""
+    with model_folder(repo, name, version) as (folder, version_folder):
+        save(version_folder)
+        (folder / "veil.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+        (folder / "config.pbtxt").write_text(he_config(name, filename))
 
 def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "latency", version: int = 1,
               precision_bits: int = 20, refresh: bool = False,
@@ -75,14 +89,8 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
                                       compiler=functools.partial(he_compile, rotation_keys=rotation_keys))
         info["rounds"] = segmented.rounds
     plan = segmented.plans[0]
-    params = plan.parameters()
-    manifest = {
-        "format": 1, "name": name, "version": version, "kind": "he-plan", "mode": mode,
+    manifest = plan_manifest(name, version, mode, plan) | {
         "classes": config["data"]["classes"], "input_shape": shape, "input": input_contract(config),
-        "levels": plan.levels,
-        "parameters": params.to_dict(), "params_hash": params.hash(), "plan_hash": plan.hash(),
-        "galois_steps": plan.galois_steps, "describe": describe(params, plan.galois_steps),
-        "parameter_choice": parameter_choice(plan),  # the smallest N that holds the (first) plan, and why
         "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
         "export": graph.info, "rounds": segmented.rounds, "cuts": segmented.cuts,
         "segmentation": segmented.report,
@@ -91,12 +99,7 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
     }
     if segmented.rounds > 1:  # the first round's set stays at the top; the model hash covers every segment
         manifest |= {"plan_hash": segmented.hash(), "levels": sum(p.levels for p in segmented.plans)}
-    config_text = CONFIG.format(name=name)
-    if segmented.rounds > 1:
-        config_text = config_text.replace('default_model_filename: "plan.json"', 'default_model_filename: "segments.json"')
-    with (stage(f"export he {name}: write plan", enabled=progress),
-          model_folder(repo, name, version) as (folder, version_folder)):  # published whole, config.pbtxt included
-        segmented.save(version_folder)
-        (folder / "veil.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
-        (folder / "config.pbtxt").write_text(config_text)
+    filename = "segments.json" if segmented.rounds > 1 else "plan.json"
+    with stage(f"export he {name}: write plan", enabled=progress):  # published whole, config.pbtxt included
+        write_plan_model(repo, name, version, manifest, segmented.save, filename)
     return manifest

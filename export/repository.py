@@ -24,7 +24,9 @@ from typing import Any
 import onnx
 from veil.pave import ADAPTER_SPEC_DIR, SPEC_FILE
 
+from veil import kinds
 from veil.config import atomic_dir
+from veil.kinds import Backend, Tensor, batching_body
 
 from .swap import ExportError
 
@@ -49,26 +51,21 @@ class TensorSpec:
         return {"name": self.name, "datatype": DTYPES[self.dtype][0], "shape": self.shape}
 
 
-def _tensor_block(spec: TensorSpec, batched: bool) -> str:
-    dims = spec.shape[1:] if batched else spec.shape
-    return f'  {{\n    name: "{spec.name}"\n    data_type: {DTYPES[spec.dtype][1]}\n    dims: [ {", ".join(map(str, dims))} ]\n  }}'
+def _tensor(spec: TensorSpec, batched: bool) -> Tensor:
+    return Tensor(spec.name, DTYPES[spec.dtype][1], spec.shape[1:] if batched else spec.shape)
 
 
 def config_pbtxt(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec], max_batch_size: int,
-                 max_queue_delay_us: int | None, threads: int | None = None) -> str:
-    """Triton's config.pbtxt for an ONNX Runtime model; batching on dim 0 when max_batch_size > 0."""
+                 max_queue_delay_us: int | None, threads: int | None = None,
+                 parameters: dict[str, str] | None = None) -> str:
+    """Triton's config.pbtxt for an ONNX Runtime model (:func:`veil.kinds.config_pbtxt`); batching on dim 0 when
+    max_batch_size > 0."""
     batched = max_batch_size > 0
-    lines = [f'name: "{name}"', 'backend: "onnxruntime"', f"max_batch_size: {max_batch_size}",
-             "input [\n" + ",\n".join(_tensor_block(s, batched) for s in inputs) + "\n]",
-             "output [\n" + ",\n".join(_tensor_block(s, batched) for s in outputs) + "\n]",
-             "instance_group [ { count: 1 kind: KIND_CPU } ]",
-             "version_policy: { latest { num_versions: 1 } }"]
-    if batched and max_queue_delay_us is not None:
-        lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} "
-                     "default_queue_policy { max_queue_size: 1024 } }")
-    if threads:
-        lines.append(f'parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{threads}" }} }}')
-    return "\n".join(lines) + "\n"
+    params = {**({"intra_op_thread_count": str(threads)} if threads else {}), **(parameters or {})}
+    return kinds.config_pbtxt(name, Backend.ONNXRUNTIME, [_tensor(s, batched) for s in inputs],
+                              [_tensor(s, batched) for s in outputs], max_batch_size=max_batch_size, latest_versions=1,
+                              batching=batching_body(max_queue_delay_us) if batched and max_queue_delay_us is not None
+                              else None, parameters=params)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -113,14 +110,16 @@ def model_folder(repo: str | Path, name: str, version: int, drop: tuple[str, ...
 def write_model(repo: str | Path, name: str, version: int, model: onnx.ModelProto, inputs: list[TensorSpec],
                 outputs: list[TensorSpec], manifest: dict[str, Any], max_batch_size: int = 64,
                 max_queue_delay_us: int | None = 500, extra_files: dict[str, Path] | None = None,
-                model_files: dict[str, Path] | None = None, config_extra: str = "") -> Path:
+                model_files: dict[str, Path] | None = None, config_extra: str = "",
+                parameters: dict[str, str] | None = None) -> Path:
     """Write (or replace) ``<repo>/<name>/<version>`` and the model's config.pbtxt and veil.json, in one publish.
 
     Args:
         extra_files: files of the version folder (relative path -> source).
         model_files: files of the model folder beside the versions (e.g. ``adapters/<id>.onnx_adapter``); the
             top-level entries they name replace the published ones whole.
-        config_extra: lines appended to config.pbtxt (e.g. ``parameters { ... }``).
+        parameters: config.pbtxt ``parameters`` entries (e.g. ``adapter_cache_size``).
+        config_extra: raw lines appended to config.pbtxt.
     """
     if not NAME_PATTERN.match(name):
         raise ExportError(f"--name: expected letters, digits, '_', '.', '-' (not starting with a symbol), received {name!r}")
@@ -140,6 +139,6 @@ def write_model(repo: str | Path, name: str, version: int, model: onnx.ModelProt
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, target)
         (folder / "veil.json").write_text(json.dumps(full, indent=2, sort_keys=True, default=str))
-        (folder / "config.pbtxt").write_text(config_pbtxt(name, inputs, outputs, max_batch_size, max_queue_delay_us)
-                                             + config_extra)
+        (folder / "config.pbtxt").write_text(config_pbtxt(name, inputs, outputs, max_batch_size, max_queue_delay_us,
+                                                          parameters=parameters) + config_extra)
     return Path(repo) / name / str(version)

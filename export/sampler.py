@@ -23,26 +23,11 @@ from veil.training.checkpoint import checkpoint_hash
 from veil.training.priorguide import ScoreNet, load_sampler
 
 from veil.config import write_atomic
+from veil.kinds import Kind, sampler_config
 
 from .repository import NAME_PATTERN, model_folder
 from .swap import ExportError
 
-CONFIG = """name: "{name}"
-backend: "veil_sampler"
-default_model_filename: "sampler.json"
-max_batch_size: 0
-input [
-  {{ name: "x" data_type: TYPE_FP32 dims: [ {x_dim} ] }},
-  {{ name: "prior" data_type: TYPE_STRING dims: [ 1 ] optional: true }}
-]
-output [
-  {{ name: "samples" data_type: TYPE_FP32 dims: [ -1, {dim} ] }},
-  {{ name: "diagnostics" data_type: TYPE_STRING dims: [ 1 ] }}{predictive}
-]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
-PREDICTIVE = """,
-  {{ name: "predictive" data_type: TYPE_FP32 dims: [ -1, {extra} ] }}"""  # a joint (θ, x*) model's x* draws
 TOLERANCE = 1e-4  # max |program − eager| relative to the largest |eager| value, outputs and gradients
 
 
@@ -94,15 +79,14 @@ def export_sampler(checkpoint: str | Path, repo: str | Path, name: str, version:
             "train_prior": prior.to_spec(), "train_prior_hash": prior.hash(),
             "n_train": config["train"]["simulations"], "task": config.get("task", {}),
             "defaults": (defaults or SamplerSettings()).to_dict(), "max_samples": MAX_SAMPLES}
-    manifest = {"format": 1, "name": name, "version": version, "kind": "priorguide-sampler",
+    manifest = {"format": 1, "name": name, "version": version, "kind": Kind.PRIORGUIDE_SAMPLER.value,
                 "dim": cfg.dim, "x_dim": cfg.x_dim, "train_prior_hash": prior.hash(), "task": config.get("task", {}),
                 "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint)},
                 "export": {"format": "torch.export", "torch": torch.__version__, "validation": report}}
-    predictive = PREDICTIVE.format(extra=cfg.dim - prior.dim) if cfg.dim > prior.dim else ""
     with model_folder(repo, name, version) as (folder, tmp):  # published whole: version, veil.json, config.pbtxt
         torch.export.save(program, str(tmp / PROGRAM_FILE))
         (tmp / SAMPLER_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True))
         write_atomic(folder / "veil.json", json.dumps(manifest, indent=2, sort_keys=True))
-        write_atomic(folder / "config.pbtxt", CONFIG.format(name=name, dim=prior.dim, x_dim=cfg.x_dim,
-                                                            predictive=predictive))
+        # a joint (θ, x*) model also draws x* ("predictive")
+        write_atomic(folder / "config.pbtxt", sampler_config(name, prior.dim, cfg.x_dim, cfg.dim - prior.dim))
     return manifest

@@ -17,6 +17,8 @@ from veil.training.uldnet import (
     multiplicative_depth,
 )
 
+from veil.kinds import Kind
+
 from .onnx_export import export_graph
 from .quantize import quantize_static_int8
 from .repository import TensorSpec, write_model
@@ -89,7 +91,7 @@ def export_uldnet(checkpoint: str | Path, repo: str | Path, name: str | None = N
     depth = multiplicative_depth(model)
     manifest: dict[str, Any] = {
         "name": name, "version": version,
-        "kind": "uldnet-classifier",
+        "kind": Kind.ULDNET_CLASSIFIER.value,
         "classes": config["data"]["classes"],
         "source": {"checkpoint": str(Path(checkpoint).resolve()), "sha256": checkpoint_hash(checkpoint),
                    "model": config["model"]},

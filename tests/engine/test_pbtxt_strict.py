@@ -150,18 +150,19 @@ def test_valid_but_unsupported_fields_are_warned_once(caplog) -> None:
 
 
 def test_veils_own_configs_parse_without_warnings(caplog, tmp_path) -> None:
-    """Every config.pbtxt template veil writes fits the schema and uses only honoured fields."""
-    from veil.export import codec, he, sampler
+    """Every config.pbtxt veil writes (the one writer, veil.kinds, for each backend) fits the schema and uses only
+    honoured fields."""
     from veil.export.repository import TensorSpec, config_pbtxt
+
+    from veil.kinds import codec_config, he_config, sampler_config
 
     caplog.set_level(logging.WARNING, logger="veil.engine")
     texts = {"onnx_m": config_pbtxt("onnx_m", [TensorSpec("x", "float32", [-1, 4])],
                                     [TensorSpec("y", "float32", [-1, 3])], 8, 500, threads=2),
-             "he_m": he.CONFIG.format(name="he_m"), "codec_m": codec.CONFIG.format(name="codec_m")}
-    sampler_text = sampler.CONFIG.format(name="sampler_m", dim=2, x_dim=2, predictive="")
+             "he_m": he_config("he_m"), "codec_m": codec_config("codec_m")}
     for name, text in texts.items():
         parse_config(text, name)
-    assert parse_config(sampler_text, "sampler_m").inputs[1].name == "prior"
+    assert parse_config(sampler_config("sampler_m", 2, 2), "sampler_m").inputs[1].name == "prior"
     assert not caplog.records
 
 
