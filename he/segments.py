@@ -286,14 +286,15 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
 
 
 def _within_key_budget(whole: Plan, max_key_bytes: int, refuse: bool) -> SegmentedPlan | None:
-    """The one-round plan under the cheapest key manifest whose keys fit ``max_key_bytes`` (as compiled first);
-    None when none fits and a cutting may still (``refuse`` off), else a ParameterError naming the budget."""
+    """The one-round plan as compiled when its keys fit ``max_key_bytes``, else under the cheapest leaner key
+    manifest that fits; None when none fits and a cutting may still (``refuse`` off), else a ParameterError."""
     from veil.he.compile import with_key_manifest
 
     variants = {tuple(whole.galois_steps): whole}
-    for manifest in LEANER_MANIFESTS:
-        variant = with_key_manifest(whole, manifest)
-        variants.setdefault(tuple(variant.galois_steps), variant)
+    if key_bytes([whole]) > max_key_bytes:  # within the budget the manifest asked for stands
+        for manifest in LEANER_MANIFESTS:
+            variant = with_key_manifest(whole, manifest)
+            variants.setdefault(tuple(variant.galois_steps), variant)
     fitting = [(objective([plan_cost(v)]), v) for v in variants.values() if key_bytes([v]) <= max_key_bytes]
     if fitting:
         plan = min(fitting, key=lambda pair: pair[0])[1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -98,6 +100,8 @@ def test_a_one_segment_plan_keeps_to_the_key_budget() -> None:
     assert lean.rounds == 1 and lean.report["key_bytes"] == key_bytes(lean.plans) <= exact - 1
     assert lean.plans[0].spec["rotation_keys"] != "exact" and lean.plans[0].ops == whole.ops
     assert key_bytes([with_key_manifest(whole, "binary")]) < exact  # the leanest manifest the search could take
+    pow2 = compile_segmented(model, compiler=functools.partial(compile, rotation_keys="pow2"))
+    assert pow2.plans[0].spec["rotation_keys"] == "pow2"  # within the budget, the manifest asked for stands
     for refresh in (False, True):
         with pytest.raises(ParameterError, match=r"max_key_bytes expected >= \d+.*received 1\b"):
             compile_segmented(model, refresh=refresh, max_key_bytes=1)
