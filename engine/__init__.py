@@ -8,7 +8,8 @@ Plaintext serving (`veil serve --repo DIR`, docs/serving.md), one module per job
     batcher     Triton-style dynamic batching (one asyncio loop per model)
     plane       the data-plane protocol both fronts serve; dataplane: its in-process implementation (the
                 model registry and protocol-agnostic inference)
-    protocol    OIP v2 tensors on the wire: JSON and Triton's binary extension
+    protocol    OIP v2 tensors as the fronts hand them to the plane; rest_body: the REST body (JSON and
+                Triton's binary extension)
     http        the HTTP front's route functions; grpc_server: the gRPC front; server: wiring and uvicorn;
                 server_config: its settings (torch/ORT-free); cli: the `veil serve` verb
     repository  Triton model repository and config.pbtxt (pbtxt: the text-format parser)

@@ -49,9 +49,9 @@ from .protocol import (
     InferRequest,
     InferResponse,
     InputTensor,
-    _from_binary,
     check_shape,
     encode_bytes,
+    from_binary,
     off_loop,
     output_size,
 )
@@ -110,7 +110,7 @@ def decode_infer(request: Any, expected: Expected | None = None) -> InferRequest
         if raw:
             if tensor.HasField("contents"):
                 raise MalformedRequest(f"input '{name}': expected raw_input_contents or contents, received both")
-            data = _from_binary(name, datatype, count, raw[i], 0, len(raw[i]))
+            data = from_binary(name, datatype, count, raw[i], 0, len(raw[i]))
         else:
             data = _from_contents(name, datatype, count, tensor)
         inputs.append(InputTensor(name, datatype, shape, data.reshape(shape)))

@@ -32,18 +32,8 @@ from starlette.responses import Response
 
 from .errors import MalformedRequest, PayloadTooLarge, RequestTimeout
 from .plane import Plane, check_admin, is_admin
-from .protocol import (
-    INLINE_BYTES,
-    MAX_BYTES_ELEMENTS,
-    Expected,
-    InferRequest,
-    decode_request,
-    decompress,
-    encode_response,
-    header_length,
-    off_loop,
-    output_size,
-)
+from .protocol import INLINE_BYTES, MAX_BYTES_ELEMENTS, Expected, InferRequest, off_loop, output_size
+from .rest_body import decode_request, decompress, encode_response, header_length
 
 
 def _json(content: Any, status_code: int = 200) -> Response:

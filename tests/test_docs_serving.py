@@ -55,7 +55,8 @@ def test_the_first_curl_answers_finite_logits_from_an_exported_digits_model(tmp_
 
 def test_non_finite_json_outputs_are_flagged_and_clients_still_parse() -> None:
     import tritonclient.http as httpclient
-    from veil.engine.protocol import InferResponse, encode_response
+    from veil.engine.protocol import InferResponse
+    from veil.engine.rest_body import encode_response
 
     y = np.array([[1.0, np.nan, np.inf, -np.inf]], np.float32)
     body, header = encode_response(InferResponse("m", "1", {"y": y, "z": np.ones(2, np.float32)},

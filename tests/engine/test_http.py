@@ -133,7 +133,8 @@ def test_infer_binary_all_dtypes_roundtrip(client, oip) -> None:
 def test_non_utf8_bytes_output_as_json_is_refused_not_mangled() -> None:
     """A bitstream or ciphertext output asked for as JSON: a clear error, never U+FFFD replacements."""
     from veil.engine.errors import DatatypeMismatch
-    from veil.engine.protocol import InferResponse, encode_response
+    from veil.engine.protocol import InferResponse
+    from veil.engine.rest_body import encode_response
 
     out = np.array([b"\x89PNG\xff\x00"], dtype=object)
     as_json = InferResponse("codec", "1", {"bitstream": out}, {"bitstream": "BYTES"}, {"bitstream": False})
@@ -329,7 +330,7 @@ def test_json_part_bounded_before_parsing(repo, oip) -> None:
 
 def test_large_json_tensor_converted_in_slices() -> None:
     """The conversion runs in 65536-entry slices (the GIL is released between them); values and checks hold."""
-    from veil.engine.protocol import decode_request
+    from veil.engine.rest_body import decode_request
 
     n = 3 * 65536 + 5
     values = [float(i % 97) for i in range(n)]
