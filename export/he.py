@@ -74,8 +74,8 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
 
     ``refresh`` opts this model into client-refresh rounds when it is deeper than one parameter set
     (off: such a model is refused); ``max_poly_modulus_degree`` (with ``refresh``) also cuts where a
-    segment would need a larger ring; ``max_key_bytes`` (with ``refresh``) bounds the keys of all segments
-    (the segment search's budget, :mod:`veil.he.cost`).
+    segment would need a larger ring; ``max_key_bytes`` bounds the keys (with ``refresh``: of all segments;
+    the segment search's budget, :mod:`veil.he.cost`).
     """
     if not NAME_PATTERN.match(name):
         raise ExportError(f"--name: expected letters, digits, '_', '.', '-', received {name!r}")

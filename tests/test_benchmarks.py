@@ -140,6 +140,14 @@ def test_he_cnn_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert 0.4 < tenseal["key_bytes_seeded"] / tenseal["key_bytes_as_serialized"] < 0.6
     assert all(r["argmax_agreement"] == 1.0 for k, r in runs.items() if k.startswith(("b_", "c_v", "d_")) and "veil" in k)
     assert runs["b_veil_exact"]["poly_modulus_degree"] == 8192 and runs["d_polycnn_veil_exact"]["levels"] == 8
+    # client-refresh rows: every segment within its ring cap, fewer key bytes than one round, time split stated
+    for name, cap, one_round in (("b_veil_refresh4096_exact", 4096, "b_veil_exact"),
+                                 ("d_polycnn_veil_refresh8192_exact", 8192, "d_polycnn_veil_exact")):
+        r = runs[name]
+        assert r["rounds"] >= 2 and r["poly_modulus_degree"] <= cap and len(r["cuts"]) == r["rounds"] - 1
+        assert r["key_bytes_seeded"] < runs[one_round]["key_bytes_seeded"]
+        assert r["one_image_split"]["server_s"] > 0 and r["one_image_split"]["client_refresh_s"] > 0
+    assert report["targets"]["chosen"]["refresh rounds"]["tutorial"] == "b_veil_refresh4096_exact"
     for r in runs.values():  # throughput is a real call's images over its time, never slots over time
         call = r["batch_call"]
         assert call["images_per_s"] == pytest.approx(call["images"] / call["latency_s"])
