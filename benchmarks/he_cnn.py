@@ -45,7 +45,7 @@ import tenseal.sealapi as sa
 import torch
 from torch import nn
 from veil.export import export_graph
-from veil.he.compile import compile as he_compile
+from veil.he.compiler import compile as he_compile
 from veil.he.cost import plan_cost
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring

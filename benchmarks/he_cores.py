@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from veil.he.compile import compile as he_compile
+from veil.he.compiler import compile as he_compile
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring
 from veil.he.parallel import ParallelEvaluator, default_processes

@@ -24,7 +24,7 @@ import onnxruntime as ort
 import tenseal as ts
 import torch
 from veil.export import export_graph
-from veil.he.compile import compile
+from veil.he.compiler import compile
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring
 from veil.he.params import SECURITY, describe

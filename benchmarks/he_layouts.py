@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from onnx import numpy_helper
 from veil.export import export_graph
-from veil.he.compile import _lower
+from veil.he.compiler import _lower
 from veil.he.layout import pack_latency
 from veil.he.lowering import Affine, Builder
 from veil.he.packing import decompose, key_manifest, rotation_uses, sum_steps

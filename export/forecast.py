@@ -163,7 +163,7 @@ def compile_forecast(forecaster: LinearForecaster, mode: str = "latency", precis
     the client standardises and instance-normalises its window (``forecaster.normalise``) before encrypting and
     undoes it after decrypting (``forecaster.denormalise``), so any configuration, RevIN included, runs encrypted.
     """
-    from veil.he.compile import compile as he_compile
+    from veil.he.compiler import compile as he_compile
 
     a, c = forecaster.core_affine() if client_normalisation else collapse(forecaster)[:2]
     model = forecaster.config

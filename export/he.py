@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from veil.he.compile import compile as he_compile
+from veil.he.compiler import compile as he_compile
 from veil.he.cost import MAX_KEY_BYTES
 from veil.he.params import describe
 from veil.he.segments import compile_segmented

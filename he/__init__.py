@@ -13,8 +13,6 @@ names below (the compiler needs onnx, plans on disk need safetensors) load on fi
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from veil.he.envelope import Envelope, open_envelope, seal_envelope
@@ -42,13 +40,13 @@ from veil.he.params import CkksParameters, describe, select_parameters
 from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
 
 if TYPE_CHECKING:
-    from veil.he.compile import CompileError, compile
+    from veil.he.compiler import CompileError, compile
     from veil.he.evaluate import PlanEvaluator
     from veil.he.plan import Plan
     from veil.he.segments import RoundError, SegmentedPlan, compile_segmented
 
 # model-side names -> the module that holds them, imported when first asked for
-_LAZY = {"CompileError": "veil.he.compile", "compile": "veil.he.compile", "PlanEvaluator": "veil.he.evaluate",
+_LAZY = {"CompileError": "veil.he.compiler", "compile": "veil.he.compiler", "PlanEvaluator": "veil.he.evaluate",
          "Plan": "veil.he.plan", "RoundError": "veil.he.segments", "SegmentedPlan": "veil.he.segments",
          "compile_segmented": "veil.he.segments"}
 
@@ -102,14 +100,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
-
-class _Package(types.ModuleType):
-    """Keeps ``veil.he.compile`` the function: importing the submodule of the same name binds the module here."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "compile" and isinstance(value, types.ModuleType):
-            value = value.compile
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

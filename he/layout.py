@@ -202,7 +202,7 @@ def pack_latency(builder, in_value: str) -> dict[str, Any]:
         {"ops", "values", "tensors", "period", "window"}: ops with masked diagonals and block vectors,
         values with their positions (and grids), the block size D and the broadcast window E (0: none).
     """
-    from veil.he.compile import CompileError
+    from veil.he.compiler import CompileError
 
     values, ops = builder.values, builder.ops
     wide = {v for v, info in values.items() if info["features"] > 1}
@@ -244,7 +244,7 @@ def pack_latency(builder, in_value: str) -> dict[str, Any]:
 
 def _clean_outputs(ops: list[dict[str, Any]], wide: set[str], producer: dict[str, Any]) -> set[str]:
     """Linear outputs that must be exactly zero outside their positions: every value a sum of squares reads."""
-    from veil.he.compile import CompileError
+    from veil.he.compiler import CompileError
 
     need, stack = set(), [op["inputs"][0] for op in ops if op["op"] == "sumsq"]
     while stack:

@@ -223,7 +223,7 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
         refresh: allow client-refresh rounds when no 128-bit set holds the whole plan (off: refused as before).
         max_poly_modulus_degree: with ``refresh``, also cut where a segment would need a larger ring than
             this (a client or server that cannot hold N = 32768 keys); None: any 128-bit set.
-        compiler: the compile function (default :func:`veil.he.compile.compile`); tests pass a wrapper.
+        compiler: the compile function (default :func:`veil.he.compile`); tests pass a wrapper.
         max_key_bytes: the most evaluation-key bytes the plan (with ``refresh``: all its segments) may need; a
             plan over it is switched to a leaner key manifest, cut (with ``refresh``), or refused.
 
@@ -236,7 +236,7 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
             and the flag), or a stretch between two adjacent cut points is too deep by itself.
     """
     import onnx
-    from veil.he.compile import compile as he_compile
+    from veil.he.compiler import compile as he_compile
 
     if max_poly_modulus_degree is not None and not refresh:
         raise ParameterError(f"compile_segmented: `max_poly_modulus_degree` expected only with refresh=True, "
@@ -288,7 +288,7 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
 def _within_key_budget(whole: Plan, max_key_bytes: int, refuse: bool) -> SegmentedPlan | None:
     """The one-round plan as compiled when its keys fit ``max_key_bytes``, else under the cheapest leaner key
     manifest that fits; None when none fits and a cutting may still (``refuse`` off), else a ParameterError."""
-    from veil.he.compile import with_key_manifest
+    from veil.he.compiler import with_key_manifest
 
     variants = {tuple(whole.galois_steps): whole}
     if key_bytes([whole]) > max_key_bytes:  # within the budget the manifest asked for stands
@@ -316,7 +316,7 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
             compiler: Callable[..., Plan], cap: int, max_key_bytes: int) -> tuple[list[Plan], list[int], int]:
     """Exact DP over cut points for the lowest :func:`veil.he.cost.objective` among cuttings within
     ``max_key_bytes``; returns the plans, their end points and the fewest rounds any cutting needs."""
-    from veil.he.compile import with_key_manifest
+    from veil.he.compiler import with_key_manifest
 
     n = len(points) - 1
     # every feasible segment [i, j], compiled once, kept as its costs under each key manifest the search may take to

@@ -50,7 +50,7 @@ print(json.dumps(loaded))
 def test_model_side_names_of_veil_he_load_on_first_use() -> None:
     """`veil.he.compile` & co. stay reachable from the package although it no longer imports them eagerly."""
     import veil.he
-    from veil.he.compile import CompileError, compile
+    from veil.he.compiler import CompileError, compile
     from veil.he.evaluate import PlanEvaluator
     from veil.he.plan import Plan
 

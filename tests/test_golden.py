@@ -114,7 +114,7 @@ def tiny_poly_onnx():
 
 
 def test_he_plan_hash() -> None:
-    from veil.he.compile import compile as he_compile
+    from veil.he.compiler import compile as he_compile
 
     model = tiny_poly_onnx()
     plans = {mode: he_compile(model, mode=mode) for mode in ("latency", "throughput")}
@@ -161,7 +161,7 @@ def test_the_plan_hash_does_not_depend_on_the_blas_kernel(coretype: str) -> None
     import sys
 
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_golden as g; "
-            "from veil.he.compile import compile as c; print(c(g.tiny_poly_onnx(), mode='latency').hash())")
+            "from veil.he.compiler import compile as c; print(c(g.tiny_poly_onnx(), mode='latency').hash())")
     env = dict(os.environ, OPENBLAS_CORETYPE=coretype)
     out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout.split()[-1]

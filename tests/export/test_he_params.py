@@ -8,7 +8,7 @@ import pytest
 import torch
 from veil.export import export_graph
 from veil.export.he_params import parameter_choice, ring_fit
-from veil.he.compile import compile as he_compile
+from veil.he.compiler import compile as he_compile
 from veil.training.uldnet import ModelConfig, build_model
 from veil.training.uldnet.config import DIGITS_HE_PRESETS
 

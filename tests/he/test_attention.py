@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from veil.export import export_graph
 from veil.he.attention import rope_matrix
-from veil.he.compile import compile
+from veil.he.compiler import compile
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring
 from veil.training.uldnet import ModelConfig, PolyViT

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 from veil.export import export_graph
-from veil.he.compile import CompileError, compile
+from veil.he.compiler import CompileError, compile
 from veil.he.errors import ParameterError
 from veil.he.packing import fold_steps, residue, rotation_uses, sum_steps, tile
 from veil.he.plan import Plan
@@ -267,7 +267,7 @@ def test_encode_decode_layouts() -> None:
 
 
 def test_he_package_does_not_import_torch() -> None:
-    code = ("import sys, veil.he.compile, veil.he.evaluate, veil.he.plan; "
+    code = ("import sys, veil.he.compiler, veil.he.evaluate, veil.he.plan; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

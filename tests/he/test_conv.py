@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from veil.export import export_graph
-from veil.he.compile import compile
+from veil.he.compiler import compile
 from veil.he.errors import ParameterError
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring
@@ -428,7 +428,7 @@ def test_a_wide_stem_runs_on_client_im2col_patches() -> None:
 @given(channels=st.integers(1, 3), size=st.integers(3, 7), kernel=st.integers(1, 3), stride=st.integers(1, 2),
        pad=st.integers(0, 2), dilation=st.integers(1, 2))
 def test_im2col_gather_times_the_tap_weights_is_the_conv(channels, size, kernel, stride, pad, dilation) -> None:
-    from veil.he.compile import im2col_gather
+    from veil.he.compiler import im2col_gather
 
     if dilation * (kernel - 1) + 1 > size + 2 * pad:
         return

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from veil.he.compile import compile, finish
+from veil.he.compiler import compile, finish
 from veil.he.errors import MismatchError
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from veil.he.compile import compile
+from veil.he.compiler import compile
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring
 from veil.he.parallel import ParallelEvaluator

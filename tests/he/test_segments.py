@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from veil.export import export_graph
 from veil.he import segments
-from veil.he.compile import compile
+from veil.he.compiler import compile
 from veil.he.errors import EnvelopeError, ParameterError
 from veil.he.segments import (
     RoundBook,
@@ -88,7 +88,7 @@ def test_a_one_segment_plan_keeps_to_the_key_budget() -> None:
     """max_key_bytes binds a plan that fits one set too (it used to be returned whatever its keys): over the budget
     it takes a leaner key manifest of the same program, and a budget no manifest meets is refused with the figure,
     with refresh or without (no cutting has fewer than one key either)."""
-    from veil.he.compile import with_key_manifest
+    from veil.he.compiler import with_key_manifest
     from veil.he.cost import key_bytes
 
     torch.manual_seed(0)
@@ -281,7 +281,7 @@ def test_encrypted_polycnn_with_refresh_matches_onnx_runtime() -> None:
 def test_a_tight_key_budget_switches_segments_to_leaner_key_manifests() -> None:
     """Over the budget with exact keys, the search prices key bytes (Lagrangian) and takes pow2 / budget:K
     manifests where they fit; the plans still compute the same function (same ops and weights)."""
-    from veil.he.compile import with_key_manifest
+    from veil.he.compiler import with_key_manifest
 
     compiled: dict[bytes, object] = {}
 

@@ -13,11 +13,11 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 from veil.export import export_graph
-from veil.he.compile import compile
+from veil.he.compiler import compile
 from veil.he.layout import MAX_SLOTS
 from veil.he.lowering import Affine, Builder, identity
 
-compile_module = importlib.import_module("veil.he.compile")  # the module (veil.he.compile is the function)
+compile_module = importlib.import_module("veil.he.compiler")  # the module (veil.he.compile is the function)
 _SPEC = importlib.util.spec_from_file_location("he_test_conv", Path(__file__).with_name("test_conv.py"))
 _CONV = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(_CONV)

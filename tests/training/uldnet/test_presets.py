@@ -16,7 +16,7 @@ from veil.config import ConfigError
 
 def test_digits_he_cnn_preset_trains_a_plain_polycnn_whose_plan_fits_one_leveled_set(tmp_path, capsys) -> None:
     from veil.export import export_graph
-    from veil.he.compile import compile as he_compile
+    from veil.he.compiler import compile as he_compile
     from veil.training.uldnet import load_uldnet
 
     out = tmp_path / "ck"
