@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ from veil.training.uldnet import ModelConfig, TrainConfig, load_digits_preset, t
 from veil.training.uldnet.config import DIGITS_HE_PRESET
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results
+from common import environment, save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE_CHAIN = [50] + [32] * 10 + [50]  # 10 levels (see tenseal_forward), log2 Q = 420 <= 438 at N=16384
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         (DIGITS_HE_PRESET["train"]["epochs"], args.baseline_images, args.latency_images)
     graph, data, reference, state, norm = train(args.width, epochs)
     x = data.x_test
+    load_before = os.getloadavg()[0]
     runs = {"tenseal_baseline": run_baseline(x[:n_base], state, norm),
             "veil_latency": run_veil(graph, x[:n_lat], "latency"),
             "veil_throughput": run_veil(graph, x, "throughput")}
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/he_digits.py" + (" --quick" if args.quick else "")
     report = {"command": command, "model": {"arch": "mlp", "width": args.width, "epochs": epochs,
                                             "plaintext_test_accuracy": float((reference.argmax(1) == data.y_test).mean())},
-              "runs": runs, "ratios": ratios}
+              "runs": runs, "ratios": ratios, "load_1min": [load_before, os.getloadavg()[0]],
+              "environment": environment("1 thread", tenseal=ts.__version__)}
     save_results(args.out, "he_digits", report, markdown(report))
     print(json.dumps({"ratios": ratios, **{k: {m: v[m] for m in ("argmax_agreement", "server_s_per_image")}
                                            for k, v in runs.items()}}, indent=1))
@@ -176,6 +179,9 @@ def markdown(report: dict) -> str:
     m = report["model"]
     return "\n".join([
         "## Encrypted digits inference (veil.he vs TenSEAL tutorial)", "",
+        f"`{report['command']}` — {report['environment']['date']}, {report['environment']['machine']}, tenseal "
+        f"{report['environment']['tenseal']}; 1-min load average {report['load_1min'][0]:.1f} before, "
+        f"{report['load_1min'][1]:.1f} after (shared machine: compare ratios within the run). "
         f"PolyMLP width {m['width']} trained {m['epochs']} epochs (plaintext test accuracy {m['plaintext_test_accuracy']:.2%}); "
         "single thread; server time excludes encryption and decryption. Throughput mode runs the whole test split "
         "in one call (one ciphertext per feature); its ct in/out are per feature. The baseline's logit error is "
@@ -183,9 +189,11 @@ def markdown(report: dict) -> str:
         "replication); veil encodes biases with the slot period.", "", *rows, "",
         f"veil latency is **{q['latency_speedup']:.1f}x** faster per image than the baseline with "
         f"**{q['latency_key_bytes_ratio']:.1f}x** smaller evaluation keys; throughput mode gives "
-        f"**{q['throughput_speedup']:.0f}x** the baseline's images/s "
-        f"({report['runs']['veil_throughput']['images_per_s_full_slots']:.0f} images/s when all "
-        f"{report['runs']['veil_throughput']['slots_per_call']} slots of a call are filled).", "",
+        f"**{q['throughput_speedup']:.0f}x** the baseline's images/s, measured on a call holding "
+        f"{report['runs']['veil_throughput']['images']} images (a call costs the same whatever it holds, so "
+        f"{report['runs']['veil_throughput']['slots_per_call']} images would be "
+        f"{report['runs']['veil_throughput']['images_per_s_full_slots']:.0f} images/s: an extrapolation, not "
+        "measured).", "",
         f"Reproduce: `{report['command']}`",
     ])
 
