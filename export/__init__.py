@@ -15,11 +15,11 @@ from veil.config import lazy_exports
 
 if TYPE_CHECKING:
     from .encoder import export_sentence_encoder
+    from .errors import ExportError, ExportValidationError
     from .onnx_export import ExportedGraph, export_graph
     from .repository import TensorSpec, write_model
-    from .swap import ExportError
     from .uldnet import export_uldnet
-    from .validate import ExportValidationError, validate_export
+    from .validate import validate_export
 
 # public name -> the submodule that defines it, imported on first use (a CLI's --help never imports torch)
 __getattr__, __dir__ = lazy_exports(__name__, {
@@ -28,9 +28,9 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "export_graph": ".onnx_export",
     "TensorSpec": ".repository",
     "write_model": ".repository",
-    "ExportError": ".swap",
+    "ExportError": ".errors",
+    "ExportValidationError": ".errors",
     "export_uldnet": ".uldnet",
-    "ExportValidationError": ".validate",
     "validate_export": ".validate",
 })
 

@@ -66,10 +66,10 @@ from .adapters_torch import (  # noqa: F401  (re-exported)
     with_adapter,
     with_head,
 )
+from .errors import ExportError, ExportValidationError
 from .onnx_export import export_graph
 from .repository import NAME_PATTERN, TensorSpec, write_model
-from .swap import ExportError
-from .validate import TOLERANCES, ExportValidationError, cpu_session, validate_export
+from .validate import TOLERANCES, cpu_session, validate_export
 
 
 def adapter_parity(model: nn.Module, spec: ExportSpec, session: ort.InferenceSession, lora: LoraWeights,

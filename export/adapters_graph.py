@@ -27,9 +27,9 @@ from .adapters_torch import (
     with_head,
 )
 from .encoder import DYNAMIC, random_tokens
+from .errors import ExportError
 from .onnx_export import ExportedGraph, export_graph
 from .repository import TensorSpec
-from .swap import ExportError
 
 
 class AdapterInputs(nn.Module):

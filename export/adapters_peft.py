@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from .swap import ExportError
+from .errors import ExportError
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<which>[AB])\.weight$")

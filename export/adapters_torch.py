@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .adapters_peft import LoraWeights
-from .swap import ExportError
+from .errors import ExportError
 
 
 def resolve_module(model: nn.Module, path: str, adapter_id: str) -> str:

@@ -30,9 +30,9 @@ from veil.training.codec.trainer import geometry, load_codec
 from veil.config import write_atomic
 from veil.kinds import Kind, codec_config
 
+from .errors import ExportError
 from .onnx_export import export_graph, package_versions
 from .repository import NAME_PATTERN, model_folder
-from .swap import ExportError
 
 TOLERANCE = 1e-4
 

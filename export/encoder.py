@@ -34,10 +34,10 @@ from veil.training.encoder import (  # noqa: F401  (re-exported: the encoder exp
 from veil.kinds import Kind
 
 from .attention_fusion import canonicalize_bert_attention
+from .errors import ExportError
 from .onnx_export import export_graph
 from .quantize import quantize_dynamic_int8
 from .repository import TensorSpec, write_model
-from .swap import ExportError
 from .validate import cpu_session, validate_export
 
 DYNAMIC = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}

@@ -31,9 +31,9 @@ from veil.kinds import Kind
 
 from .adapters import ExportSpec
 from .encoder import DYNAMIC, random_tokens
+from .errors import ExportError
 from .onnx_export import export_graph
 from .repository import TensorSpec, write_model
-from .swap import ExportError
 from .validate import validate_export
 
 MERGED_METHODS = ("lora", "psoft", "e2lora")  # input-independent ΔW: folded into W

@@ -30,11 +30,11 @@ from veil.training.forecast import LinearForecaster, NotAffineError, load_foreca
 
 from veil.kinds import Kind
 
+from .errors import ExportError, ExportValidationError
 from .functions import DEFAULT_OPSET
 from .onnx_export import export_graph, package_versions
 from .repository import NAME_PATTERN, TensorSpec, write_model
-from .swap import ExportError
-from .validate import TOLERANCES, ExportValidationError, cpu_session
+from .validate import TOLERANCES, cpu_session
 
 
 def affine_graph(a: np.ndarray, c: np.ndarray, lookback: int, horizon: int, channels: int) -> onnx.ModelProto:

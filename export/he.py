@@ -33,10 +33,10 @@ from veil.training.uldnet import load_uldnet
 from veil.kinds import Kind, he_config
 from veil.progress import stage
 
+from .errors import ExportError
 from .he_params import parameter_choice
 from .onnx_export import export_graph
 from .repository import NAME_PATTERN, model_folder
-from .swap import ExportError
 from .uldnet import input_contract
 
 if TYPE_CHECKING:

@@ -16,8 +16,9 @@ import onnx
 import torch
 from torch import nn
 
+from .errors import ExportError
 from .functions import DEFAULT_OPSET, TRANSLATIONS, attach_functions
-from .swap import ExportError, swap_for_export
+from .swap import swap_for_export
 
 EXPORTER = "torch.onnx.export(dynamo=True)"
 # Node metadata the exporter records that names files on the exporting machine: dropped, so that an export is a

@@ -28,7 +28,7 @@ from veil import kinds
 from veil.config import atomic_dir
 from veil.kinds import Backend, Tensor, batching_body
 
-from .swap import ExportError
+from .errors import ExportError
 
 # numpy dtype name -> (OIP datatype, Triton config data_type)
 DTYPES = {

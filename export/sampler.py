@@ -25,8 +25,8 @@ from veil.training.priorguide import ScoreNet, load_sampler
 from veil.config import write_atomic
 from veil.kinds import Kind, sampler_config
 
+from .errors import ExportError
 from .repository import NAME_PATTERN, model_folder
-from .swap import ExportError
 
 TOLERANCE = 1e-4  # max |program − eager| relative to the largest |eager| value, outputs and gradients
 

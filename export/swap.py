@@ -14,10 +14,7 @@ from veil.training.uldnet import LinearAttention, PolyAct, PolyNorm
 from veil.training.uldnet.polynorm import clear_variances
 
 from . import ops  # noqa: F401  (registers torch.ops.veil.*)
-
-
-class ExportError(ValueError):
-    """A model cannot be exported as asked; the message names the module or field and the fix."""
+from .errors import ExportError
 
 
 class PolyNormOp(nn.Module):

@@ -19,10 +19,10 @@ from veil.training.uldnet import (
 
 from veil.kinds import Kind
 
+from .errors import ExportError
 from .onnx_export import export_graph
 from .quantize import quantize_static_int8
 from .repository import TensorSpec, write_model
-from .swap import ExportError
 from .validate import cpu_session, validate_export
 
 EXAMPLE_BATCH = 4

@@ -17,14 +17,10 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from .swap import ExportError
+from .errors import ExportValidationError
 
 # (atol, rtol) by output dtype: |onnx - torch| <= atol + rtol * max|torch| must hold for every element.
 TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-4, 1e-3), "float16": (1e-2, 1e-2), "float64": (1e-8, 1e-6)}
-
-
-class ExportValidationError(ExportError):
-    """The exported graph disagrees with PyTorch beyond the tolerance (message says where)."""
 
 
 def cpu_session(model: onnx.ModelProto | bytes | str) -> ort.InferenceSession:

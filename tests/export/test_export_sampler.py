@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from veil.engine.pbtxt import parse
+from veil.export.errors import ExportError
 from veil.export.sampler import export_sampler
 from veil.export.sampler_cli import main
-from veil.export.swap import ExportError
 from veil.posterior.artifact import load_artifact
 from veil.posterior.priors import Gaussian
 from veil.training.priorguide import (
