@@ -184,15 +184,15 @@ class InvalidSamplerRequest(InferenceFailed):
 def http_status(exc: BaseException) -> int:
     """The HTTP status of an error, the one mapping of the engine's failures to a protocol status.
 
-    :class:`EngineError` subclasses carry theirs (``status_code``), veil.he's refusals theirs (``HEError``:
-    ``http_status``); anything else is a server fault (500). The HTTP handlers answer with it and the gRPC server
+    :class:`EngineError` subclasses and veil.he's refusals (``HEError``) carry theirs as ``status_code``; anything
+    else is a server fault (500). The HTTP handlers answer with it and the gRPC server
     derives its codes from it, so a new error class needs one status, in its docstring and its attribute.
     """
     if isinstance(exc, EngineError):
         return exc.status_code
     from veil.he.errors import HEError  # lazily: veil.he loads TenSEAL
 
-    return exc.http_status if isinstance(exc, HEError) else 500
+    return exc.status_code if isinstance(exc, HEError) else 500
 
 
 def error_response(status_code: int, message: str) -> Response:
@@ -209,12 +209,12 @@ GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "PERMISSION_DENIED", 403: "PERMISSIO
 def grpc_code(exc: BaseException) -> tuple[str, str]:
     """The gRPC status code name (a ``grpc.StatusCode`` member) and message for ``exc``.
 
-    Engine errors map by their ``status_code``, veil.he refusals by their ``http_status``; anything else is a server
+    Engine errors, veil.he and veil.pave refusals map by their ``status_code``; anything else is a server
     fault: ``INTERNAL`` with ``internal error: <type>`` (the caller logs it once)."""
     if isinstance(exc, EngineError):
         status = exc.status_code
-    elif isinstance(getattr(exc, "http_status", None), int):
-        status = exc.http_status  # type: ignore[attr-defined]
+    elif isinstance(getattr(exc, "status_code", None), int):
+        status = exc.status_code  # type: ignore[attr-defined]
     else:
         return "INTERNAL", f"internal error: {type(exc).__name__}"
     return GRPC_CODES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT"), str(exc)

@@ -1,6 +1,6 @@
 """One exception per refusal of ``veil.he``; each docstring names the HTTP status it maps to.
 
-Every class derives from :class:`HEError` (a ``ValueError``) and carries that status as ``http_status``,
+Every class derives from :class:`HEError` (a ``ValueError``) and carries that status as ``status_code`` (as the engine's errors do),
 so the engine registers one handler for the base class and returns the OIP body ``{"error": str(exc)}``.
 Messages name the field, the expected value and the received value; they never contain key material.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 class HEError(ValueError):
     """Base of every ``veil.he`` refusal. HTTP 400 unless a subclass says otherwise."""
 
-    http_status = 400
+    status_code = 400
 
 
 class SecurityError(HEError):
@@ -41,37 +41,37 @@ class MalformedKeys(HEError):
 class SecretKeyRefused(HEError):
     """A payload sent to the server holds a secret key; it is refused and never stored. HTTP 403."""
 
-    http_status = 403
+    status_code = 403
 
 
 class KeyAccessDenied(HEError):
     """The key secret given for a key id is missing or wrong (each key set has an owner). HTTP 403."""
 
-    http_status = 403
+    status_code = 403
 
 
 class UnknownKey(HEError):
     """No evaluation keys are registered under this key id. HTTP 404."""
 
-    http_status = 404
+    status_code = 404
 
 
 class ExpiredKey(HEError):
     """The evaluation keys under this key id outlived the store's TTL and were deleted. HTTP 410."""
 
-    http_status = 410
+    status_code = 410
 
 
 class QuotaExceeded(HEError):
     """Storing these evaluation keys would exceed the key store's byte quota. HTTP 413."""
 
-    http_status = 413
+    status_code = 413
 
 
 class TooManyCiphertexts(HEError):
     """A request carries more ciphertexts than the model's layout takes in one evaluation. HTTP 413."""
 
-    http_status = 413
+    status_code = 413
 
 
 class EvaluationFailed(HEError):

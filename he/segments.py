@@ -66,7 +66,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 class RoundError(HEError):
     """A refresh round replayed, out of order, unknown, or for another request or key. HTTP 409."""
 
-    http_status = 409
+    status_code = 409
 
 
 # -- the segmented plan ---------------------------------------------------------------------------------

@@ -51,13 +51,13 @@ _FIELDS = ("dim", "fit", "format", "identity", "identity_hash", "kind", "vector_
 class SpecFormatError(ValueError):
     """A spec is malformed: the message names the field, the expected and the received value (HTTP 400)."""
 
-    http_status = 400
+    status_code = 400
 
 
 class SpecMismatch(ValueError):
     """Two specs are not comparable (different base, projection seed, rank...): the message names the fields (400)."""
 
-    http_status = 400
+    status_code = 400
 
 
 def _short(value: Any, n: int = 80) -> str:

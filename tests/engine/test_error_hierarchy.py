@@ -33,7 +33,7 @@ def test_every_engine_error_class_lives_in_errors_py() -> None:
 @pytest.mark.parametrize(("exc", "status"), [
     (errors.InvalidCodecInput("bad stream"), 400), (errors.InvalidSamplerRequest("bad prior"), 400),
     (errors.ModelNotFound("m"), 404), (errors.PayloadTooLarge("big"), 413), (errors.QueueFull("full"), 503),
-    (UnknownKey("key"), UnknownKey.http_status), (ExpiredKey("old"), ExpiredKey.http_status),
+    (UnknownKey("key"), UnknownKey.status_code), (ExpiredKey("old"), ExpiredKey.status_code),
     (RuntimeError("a bug"), 500), (KeyError("x"), 500),
 ])
 def test_http_status_is_the_one_mapping(exc: BaseException, status: int) -> None:

@@ -71,4 +71,4 @@ def test_seal_refuses_bad_fields() -> None:
         seal_envelope(b"x", **FIELDS, meta={"bad": object()})
     with pytest.raises(EnvelopeError, match="payload"):
         seal_envelope("x", **FIELDS)  # type: ignore[arg-type]
-    assert issubclass(EnvelopeError, HEError) and EnvelopeError.http_status == 400
+    assert issubclass(EnvelopeError, HEError) and EnvelopeError.status_code == 400

@@ -36,7 +36,7 @@ def test_raw_digits_are_refused_naming_the_field_and_the_range() -> None:
     message = str(exc.value)
     assert "input 'x'" in message and "values expected in [0, 1]" in message and "pixel / 16" in message
     assert "received values in [0, 16]" in message
-    assert isinstance(exc.value, HEError) and exc.value.http_status == 400
+    assert isinstance(exc.value, HEError) and exc.value.status_code == 400
 
 
 def test_a_correctly_scaled_array_is_accepted_as_float64() -> None:

@@ -88,7 +88,7 @@ def test_unknown_and_deleted_keys(tmp_path: Path, key_bytes: list[bytes]) -> Non
         store.get(reg.key_id, reg.key_secret)
     with pytest.raises(UnknownKey):
         store.delete(reg.key_id, reg.key_secret)
-    assert UnknownKey.http_status == 404
+    assert UnknownKey.status_code == 404
 
 
 def test_ttl_expiry_deletes_files_and_reregistration_renews(tmp_path: Path, key_bytes: list[bytes]) -> None:
@@ -108,7 +108,7 @@ def test_ttl_expiry_deletes_files_and_reregistration_renews(tmp_path: Path, key_
     clock.now += 61
     store.purge_expired()
     assert not list((tmp_path / "keys").glob("*.owner"))  # and the owners' claims one TTL later
-    assert ExpiredKey.http_status == 410
+    assert ExpiredKey.status_code == 410
 
 
 def test_quota_evicts_the_least_recently_used(tmp_path: Path, key_bytes: list[bytes]) -> None:
@@ -129,7 +129,7 @@ def test_quota_evicts_the_least_recently_used(tmp_path: Path, key_bytes: list[by
     assert store.usage()["keys"] == 2 and store.usage()["bytes"] <= store.quota_bytes
     with pytest.raises(QuotaExceeded, match="at most 1000 bytes"):
         _store(tmp_path / "small", quota_bytes=1000).register(key_bytes[0])
-    assert QuotaExceeded.http_status == 413
+    assert QuotaExceeded.status_code == 413
 
 
 def test_refuses_a_tenseal_context_with_a_secret_key(tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_refuses_a_tenseal_context_with_a_secret_key(tmp_path: Path) -> None:
     with pytest.raises(MalformedKeys, match="public TenSEAL context"):
         store.register(ctx.serialize(save_secret_key=False))
     assert store.usage()["keys"] == 0 and not list((tmp_path / "keys").iterdir())
-    assert SecretKeyRefused.http_status == 403
+    assert SecretKeyRefused.status_code == 403
 
 
 def test_refuses_a_veil_keyring(tmp_path: Path, rings: list[SecretKeyring]) -> None:
@@ -188,7 +188,7 @@ def test_a_key_set_is_usable_and_deletable_by_its_owner_only(tmp_path: Path, key
             store.delete(reg.key_id, wrong)
     with pytest.raises(KeyAccessDenied, match="key_secret"):  # nobody else can renew (or re-own) it
         store.register(key_bytes[0], source="10.0.0.2")
-    assert KeyAccessDenied.http_status == 403
+    assert KeyAccessDenied.status_code == 403
     store.delete(reg.key_id, admin=True)  # the operator can
     with pytest.raises(UnknownKey):
         store.get(reg.key_id, reg.key_secret)

@@ -57,9 +57,9 @@ def test_from_dict_refuses_missing_and_unknown_keys() -> None:
                                   "scale_bits": 40, "security": "none"})
 
 
-def test_errors_are_value_errors_with_http_status() -> None:
+def test_errors_are_value_errors_with_status_code() -> None:
     assert issubclass(SecurityError, HEError) and issubclass(HEError, ValueError)
-    assert SecurityError.http_status == 400
+    assert SecurityError.status_code == 400
 
 
 @pytest.mark.parametrize(("levels", "n"), [(0, 4096), (2, 8192), (4, 16384), (7, 16384), (10, 32768)])

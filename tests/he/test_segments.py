@@ -217,7 +217,7 @@ def test_round_book_binds_rounds_to_one_request() -> None:
     with pytest.raises(RoundError, match="no open request"):  # finished: the last round cannot be replayed
         book.begin({"round": 2, "request_id": rid}, "k1")
     assert book.pending() == 0
-    assert RoundError.http_status == 409
+    assert RoundError.status_code == 409
 
 
 def test_round_book_failed_rounds_can_be_retried_and_ids_are_checked() -> None:
