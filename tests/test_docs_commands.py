@@ -1,4 +1,5 @@
-"""Every `veil <group> <verb>` the guides write in code exists (issue 33: the guides re-walked from a fresh clone).
+"""Every `veil <group> <verb>` the guides write in code exists, and every script or test file they name (issue 33:
+the guides re-walked from a fresh clone).
 
 docs/deploy.md's Triton table named `veil export uldnet`, a verb that never existed (`veil export onnx` exports
 ULD-Net checkpoints); a newcomer who types it gets `unknown verb`. Fenced blocks and inline code spans of
@@ -65,3 +66,14 @@ def test_every_veil_command_in_the_guides_exists() -> None:
     bad = {page.relative_to(ROOT).as_posix(): found for page in PAGES
            if (found := unknown_commands(page.read_text(), verbs))}
     assert bad == {}
+
+
+FILE = re.compile(r"(?<![\w/.-])((?:examples|benchmarks|tests)/[\w/]+\.py)")
+
+
+def test_every_script_and_test_file_the_guides_name_exists() -> None:
+    """docs/optim.md pointed at tests/test_benchmarks_optim_lora.py, which never existed (the test is in
+    tests/test_benchmarks.py)."""
+    missing = {f"{page.relative_to(ROOT).as_posix()}: {path}" for page in PAGES
+               for path in FILE.findall(page.read_text()) if not (ROOT / path).is_file()}
+    assert missing == set()
