@@ -43,7 +43,7 @@ from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
 from .errors import DatatypeMismatch, MissingInput, ModelLoadFailed, ShapeMismatch, UnknownInput
 from .metrics import Metrics, ModelMetrics
 from .protocol import InputTensor
-from .repository import ModelConfig, TensorConfig
+from .repository import PbtxtConfig, TensorConfig
 
 if TYPE_CHECKING:
     from .dataplane import DataPlane
@@ -66,7 +66,7 @@ class FanOut(Protocol):
     def __call__(self, index: int, key_id: str, key_secret: str, payloads: list[bytes]) -> list[bytes]: ...
 
 
-class Stage:
+class ServedSegment:
     """One segment as the server runs it: plan, parameters, pre-encoded evaluator, hashes, request bound."""
 
     def __init__(self, index: int, plan: Plan, max_ciphertexts: int, processes: int = 1,
@@ -91,7 +91,7 @@ class HeModel:
         plane: the data plane, whose server-wide key store holds the registered evaluation keys.
     """
 
-    def __init__(self, config: ModelConfig, version: int, path: Path, manifest: dict[str, Any] | None,
+    def __init__(self, config: PbtxtConfig, version: int, path: Path, manifest: dict[str, Any] | None,
                  plane: DataPlane) -> None:
         self.config, self.name, self.version, self.path = config, config.name, str(version), path
         self.manifest, self.keystore = manifest, plane.keystore()
@@ -111,7 +111,7 @@ class HeModel:
             self.segmented = SegmentedPlan.load(self.path.parent)  # a plain plan folder is one segment
             self.stages, budget = [], self.encoded_bytes  # one budget for the model, spent round by round
             for k, plan in enumerate(self.segmented.plans):
-                self.stages.append(Stage(k, plan, self._max_ciphertexts(plan), self.processes, budget))
+                self.stages.append(ServedSegment(k, plan, self._max_ciphertexts(plan), self.processes, budget))
                 budget = self.stages[-1].evaluator.encoded_bytes_left
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path.parent}: {exc}") from None
@@ -170,7 +170,7 @@ class HeModel:
         """Evaluate the plan on the request's ciphertexts in a worker thread (SEAL releases the GIL)."""
         return {CIPHERTEXT: np.array([await asyncio.to_thread(self._evaluate, feeds)], dtype=object)}, 0
 
-    def _stage_for(self, data: bytes, key_id: str) -> tuple[Any, Stage]:
+    def _stage_for(self, data: bytes, key_id: str) -> tuple[Any, ServedSegment]:
         """Open the request envelope once (checksum included) and pick its segment (``meta.round``); its hashes are
         checked against that segment's."""
         envelope = open_envelope(data, expect_kind="request", expect_key_id=key_id)
@@ -223,7 +223,7 @@ class HeModel:
         return seal_envelope(payload, kind="result", key_id=key_id, params_hash=stage.params_hash,
                              plan_hash=stage.plan_hash, meta=meta)
 
-    def _run(self, stage: Stage, cts: list[Any], keys: Any, key_id: str, key_secret: str) -> list[Any]:
+    def _run(self, stage: ServedSegment, cts: list[Any], keys: Any, key_id: str, key_secret: str) -> list[Any]:
         """The plan on ``cts``: here, or split into contiguous chunks over the fan-out workers (latency mode with
         more than one ciphertext; a throughput request's ciphertexts are one computation and stay here)."""
         pool = self.fan_out

@@ -18,7 +18,7 @@ from .batcher import Scheduler
 from .errors import DatatypeMismatch, MissingInput, ModelLoadFailed, ShapeMismatch, UnknownInput
 from .metrics import Metrics, ModelMetrics
 from .protocol import InputTensor
-from .repository import ModelConfig, TensorConfig
+from .repository import PbtxtConfig, TensorConfig
 from .runtime import TRITON_GRAPH_LEVELS, RuntimeOptions, Session, providers_for
 
 logger = logging.getLogger("veil.engine")
@@ -35,7 +35,7 @@ class OnnxModel:
         defaults: server-wide runtime options; config.pbtxt values override them.
     """
 
-    def __init__(self, config: ModelConfig, version: int, path: Path, manifest: dict[str, Any] | None,
+    def __init__(self, config: PbtxtConfig, version: int, path: Path, manifest: dict[str, Any] | None,
                  defaults: RuntimeOptions) -> None:
         self.config, self.name, self.version, self.path = config, config.name, str(version), path
         self.manifest, self.defaults = manifest, defaults

@@ -77,8 +77,9 @@ class BatchingConfig:
 
 
 @dataclass
-class ModelConfig:
-    """A model's ``config.pbtxt`` in typed form (see the module docstring for the fields honoured)."""
+class PbtxtConfig:
+    """A model's ``config.pbtxt`` (Triton's ``inference.ModelConfig``) in typed form (see the module docstring
+    for the fields honoured)."""
 
     name: str
     max_batch_size: int = 0
@@ -187,8 +188,8 @@ def _tensor(message: dict[str, Any], where: str) -> TensorConfig:
     return TensorConfig(message["name"], triton_to_datatype(message.get("data_type", "")), dims)
 
 
-def parse_config(text: str, folder_name: str) -> ModelConfig:
-    """Read ``config.pbtxt`` text into a :class:`ModelConfig`, strictly (Triton's schema, see
+def parse_config(text: str, folder_name: str) -> PbtxtConfig:
+    """Read ``config.pbtxt`` text into a :class:`PbtxtConfig`, strictly (Triton's schema, see
     :func:`veil.engine.pbtxt.parse_model_config`); valid fields veil does not implement are logged once.
 
     Raises:
@@ -206,7 +207,7 @@ def parse_config(text: str, folder_name: str) -> ModelConfig:
     if raw.get("max_batch_size", 0) < 0:
         raise ValueError(f"max_batch_size: expected an integer >= 0 (0: no batch dim), received {raw['max_batch_size']}")
     default_file = CUSTOM_BACKENDS[backend].filename if backend in CUSTOM_BACKENDS else "model.onnx"
-    config = ModelConfig(name=name, max_batch_size=raw.get("max_batch_size", 0),
+    config = PbtxtConfig(name=name, max_batch_size=raw.get("max_batch_size", 0),
                          inputs=[_tensor(m, f"input[{i}]") for i, m in enumerate(raw.get("input", []))],
                          outputs=[_tensor(m, f"output[{i}]") for i, m in enumerate(raw.get("output", []))],
                          model_filename=raw.get("default_model_filename") or default_file, backend=backend)
@@ -241,7 +242,7 @@ def machine_threads() -> int:
     return max(4, 4 * cpus)
 
 
-def _check_threads(config: ModelConfig) -> None:
+def _check_threads(config: PbtxtConfig) -> None:
     """``instance_group.count`` and the ``intra_op_thread_count`` / ``inter_op_thread_count`` parameters within
     :func:`machine_threads` (the thread counts also 0: ONNX Runtime's default)."""
     limit = machine_threads()
@@ -258,7 +259,7 @@ def _check_threads(config: ModelConfig) -> None:
                              f"at most 4 per CPU of this machine), received {value[:40]!r}")
 
 
-def _instance_groups(groups: list[dict[str, Any]], config: ModelConfig) -> None:
+def _instance_groups(groups: list[dict[str, Any]], config: PbtxtConfig) -> None:
     """``count`` summed over the groups (0 means 1, as in Triton); every group must have the same ``kind``."""
     if not groups:
         return
@@ -307,7 +308,7 @@ class ModelSource:
     """A model folder on disk: its config, its version folders and the optional veil.json manifest."""
 
     folder: Path
-    config: ModelConfig
+    config: PbtxtConfig
     versions: dict[int, Path]
     manifest: dict[str, Any] | None
 
@@ -321,7 +322,7 @@ def read_model(folder: Path) -> ModelSource:
     check_model_name(folder.name)
     config_path, manifest_path = folder / "config.pbtxt", folder / "veil.json"
     try:
-        config = parse_config(config_path.read_text(), folder.name) if config_path.exists() else ModelConfig(folder.name)
+        config = parse_config(config_path.read_text(), folder.name) if config_path.exists() else PbtxtConfig(folder.name)
     except (ValueError, UnicodeDecodeError) as exc:  # PbtxtError is a ValueError
         raise ModelLoadFailed(f"model '{folder.name}': {config_path}: {exc}") from None
     try:

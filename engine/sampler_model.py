@@ -47,7 +47,7 @@ from .errors import (
 )
 from .metrics import Metrics, ModelMetrics
 from .protocol import InputTensor
-from .repository import ModelConfig, TensorConfig
+from .repository import PbtxtConfig, TensorConfig
 
 if TYPE_CHECKING:
     from .dataplane import DataPlane
@@ -86,7 +86,7 @@ class SamplerModel:
         plane: the data plane (unused: the sampler shares no server-wide state).
     """
 
-    def __init__(self, config: ModelConfig, version: int, path: Path, manifest: dict[str, Any] | None,
+    def __init__(self, config: PbtxtConfig, version: int, path: Path, manifest: dict[str, Any] | None,
                  plane: DataPlane) -> None:
         self.config, self.name, self.version, self.path = config, config.name, str(version), path
         self.manifest = manifest

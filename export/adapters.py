@@ -58,7 +58,7 @@ from .adapters_graph import (  # noqa: F401  (re-exported)
 from .adapters_peft import CONFIG_FILE, KEY, WEIGHTS_FILE, LoraWeights, finetune_run, read_lora  # noqa: F401  (re-exported)
 from .adapters_torch import (  # noqa: F401  (re-exported)
     HEAD_INPUTS,
-    LoraLinear,
+    ExportLoraLinear,
     WithHead,
     empty_head,
     merged,

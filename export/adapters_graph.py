@@ -20,7 +20,7 @@ from torch import nn
 from .adapters_peft import LoraWeights
 from .adapters_torch import (
     HEAD_INPUTS,
-    LoraLinear,
+    ExportLoraLinear,
     empty_head,
     replace_module,
     resolve_module,
@@ -34,14 +34,14 @@ from .repository import TensorSpec
 
 class AdapterInputs(nn.Module):
     """Export wrapper: ``forward(*base_inputs, A_1, B_1, ..., A_n, B_n[, head_weight, head_bias])`` sets each
-    LoraLinear's pair, runs the base (with the given head when ``heads``)."""
+    ExportLoraLinear's pair, runs the base (with the given head when ``heads``)."""
 
     def __init__(self, model: nn.Module, targets: list[str], num_inputs: int, heads: bool = False) -> None:
         super().__init__()
         self.model, self.targets, self.num_inputs = copy.deepcopy(model).eval(), targets, num_inputs
         self.heads = heads
         for name in targets:
-            replace_module(self.model, name, LoraLinear(self.model.get_submodule(name)))
+            replace_module(self.model, name, ExportLoraLinear(self.model.get_submodule(name)))
         if heads:
             self.model = with_head(self.model, None)
             self.targets = [f"sentence.{name}" for name in targets]

@@ -21,7 +21,7 @@ def resolve_module(model: nn.Module, path: str, adapter_id: str) -> str:
     return names[0]
 
 
-class LoraLinear(nn.Module):
+class ExportLoraLinear(nn.Module):
     """``base(x) + (x A^T) B^T`` where (A (R, in), B (out, R), scale folded in) are fixed or set per call."""
 
     def __init__(self, base: nn.Linear, a: torch.Tensor | None = None, b: torch.Tensor | None = None) -> None:
@@ -45,7 +45,7 @@ def with_adapter(model: nn.Module, lora: LoraWeights) -> nn.Module:
     model = copy.deepcopy(model).eval()
     for path, (a, b, scale) in lora.modules.items():
         name = resolve_module(model, path, lora.adapter_id)
-        replace_module(model, name, LoraLinear(model.get_submodule(name), a, b * scale))
+        replace_module(model, name, ExportLoraLinear(model.get_submodule(name), a, b * scale))
     return model
 
 

@@ -24,7 +24,7 @@ import torch
 from veil.codec.runtime import artifact_hash
 from veil.codec.tokens import prior_inputs
 from veil.training.checkpoint import checkpoint_hash
-from veil.training.codec.model import Prior, Tokenizer
+from veil.training.codec.model import NextScalePrior, Tokenizer
 from veil.training.codec.trainer import geometry, load_codec
 
 from veil.config import write_atomic
@@ -57,7 +57,7 @@ def _check(path: Path, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
     return diff
 
 
-def export_graphs(tok: Tokenizer, prior: Prior, out: Path) -> dict[str, Any]:
+def export_graphs(tok: Tokenizer, prior: NextScalePrior, out: Path) -> dict[str, Any]:
     """Write the three graphs and codec.json into ``out``; returns the export info and validation report."""
     cfg, geo = tok.cfg, geometry(tok)
     gen = torch.Generator().manual_seed(0)

@@ -134,7 +134,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class Prior(nn.Module):
+class NextScalePrior(nn.Module):
     """Block-causal next-scale transformer with d Bernoulli heads: logits of every bit of every cell.
 
     A cell of scale k attends to every cell of scales <= k; its inputs depend only on scales < k, so one

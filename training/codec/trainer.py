@@ -25,7 +25,7 @@ from veil.progress import progress as progress_bar
 from ..checkpoint import load_checkpoint, save_checkpoint
 from .config import CodecModelConfig, CodecTrainConfig
 from .data import random_crops, sampling_weights
-from .model import Prior, Tokenizer, bits_to_numpy
+from .model import NextScalePrior, Tokenizer, bits_to_numpy
 
 
 @dataclass
@@ -33,7 +33,7 @@ class CodecResult:
     """A trained tokenizer and prior with their configs and the training metrics."""
 
     tokenizer: Tokenizer
-    prior: Prior
+    prior: NextScalePrior
     model_config: CodecModelConfig
     train_config: CodecTrainConfig
     metrics: dict[str, Any]
@@ -109,7 +109,7 @@ def token_dataset(tok: Tokenizer, images: list[np.ndarray], cfg: CodecTrainConfi
     return tuple(torch.from_numpy(np.stack(col)) for col in zip(*rows, strict=True))
 
 
-def train_prior(prior: Prior, data: tuple[torch.Tensor, ...], cfg: CodecTrainConfig, progress: bool,
+def train_prior(prior: NextScalePrior, data: tuple[torch.Tensor, ...], cfg: CodecTrainConfig, progress: bool,
                 on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
     """Stage 2 on the frozen tokens of :func:`token_dataset`; ``on_step`` as in :func:`train_tokenizer`."""
     feats, pos, sid, target, active = data
@@ -151,7 +151,7 @@ def train_codec(model_config: CodecModelConfig, train_config: CodecTrainConfig, 
     try:
         start = time.perf_counter()
         tok = tokenizer if tokenizer is not None else Tokenizer(model_config)
-        prior = Prior(model_config)
+        prior = NextScalePrior(model_config)
 
         def save(stage: str) -> Callable[[int, dict[str, float]], None]:
             def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -182,13 +182,13 @@ def save_codec(result: CodecResult, out: str | Path, images: list[str]) -> Path:
     return save_checkpoint(out, config, state, result.metrics)
 
 
-def load_codec(path: str | Path) -> tuple[Tokenizer, Prior, dict[str, Any]]:
+def load_codec(path: str | Path) -> tuple[Tokenizer, NextScalePrior, dict[str, Any]]:
     """(tokenizer, prior, config) of a checkpoint folder written by :func:`save_codec`, in eval mode."""
     config, state, _ = load_checkpoint(path)
     if config.get("kind") != "codec":
         raise ValueError(f"checkpoint {str(path)!r}: expected kind 'codec', received {config.get('kind')!r}")
     cfg = CodecModelConfig.from_dict(config["model"])
-    tok, prior = Tokenizer(cfg), Prior(cfg)
+    tok, prior = Tokenizer(cfg), NextScalePrior(cfg)
     tok.load_state_dict({k[10:]: v for k, v in state.items() if k.startswith("tokenizer.")})
     prior.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("prior.")})
     return tok.eval().requires_grad_(False), prior.eval().requires_grad_(False), config

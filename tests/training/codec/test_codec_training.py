@@ -8,7 +8,7 @@ import torch
 from veil.codec.scales import scale_sizes
 from veil.training.codec.config import CodecModelConfig, CodecTrainConfig
 from veil.training.codec.data import HELD_OUT, TRAIN, random_crops, skimage_images
-from veil.training.codec.model import Prior, Tokenizer
+from veil.training.codec.model import NextScalePrior, Tokenizer
 from veil.training.codec.trainer import train_codec
 
 from veil.config import ConfigError
@@ -49,7 +49,7 @@ def test_quantizer_tokens_follow_scales_and_masks() -> None:
 
 def test_prior_is_block_causal() -> None:
     torch.manual_seed(0)
-    prior = Prior(CodecModelConfig(**TINY)).eval()
+    prior = NextScalePrior(CodecModelConfig(**TINY)).eval()
     sid = torch.tensor([[0, 1, 1, 2, 2, 2, 2]])
     feats, pos = torch.randn(1, 7, 72), torch.randn(1, 7, 16)
     changed = feats.clone()
