@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from veil.config import write_atomic
+from veil.atomic import write_atomic
 from veil.machine import describe
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

@@ -149,7 +149,7 @@ def build_parser(prog: str = "veil codec") -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from veil.config import write_atomic
+    from veil.atomic import write_atomic
 
     from .images import load_folder, load_image, png_bytes
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from veil.config import sweep_stale
+from veil.atomic import sweep_stale
 
 from .adapters import adapter_metadata, select_adapter
 from .errors import ModelLoadFailed, ModelNotFound, ModelNotReady, UnknownOutput

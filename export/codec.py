@@ -27,7 +27,7 @@ from veil.training.checkpoint import checkpoint_hash
 from veil.training.codec.model import NextScalePrior, Tokenizer
 from veil.training.codec.trainer import geometry, load_codec
 
-from veil.config import write_atomic
+from veil.atomic import write_atomic
 from veil.kinds import Kind, codec_config
 
 from .errors import ExportError

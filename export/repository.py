@@ -25,7 +25,7 @@ import onnx
 from veil.pave import ADAPTER_SPEC_DIR, SPEC_FILE
 
 from veil import kinds
-from veil.config import atomic_dir
+from veil.atomic import atomic_dir
 from veil.kinds import Backend, Tensor, batching_body
 
 from .errors import ExportError
@@ -84,7 +84,7 @@ def model_folder(repo: str | Path, name: str, version: int, drop: tuple[str, ...
     one holds except ``<version>`` and the entries named in ``drop`` (what the caller rewrites whole, e.g. an
     ``adapters/`` folder), and its empty ``<version>`` folder. Write the version's files,
     ``config.pbtxt`` and ``veil.json`` into them; on exit the folder replaces the old one
-    (:func:`veil.config.atomic_dir`), on an error the old one stays. The other versions' files are hard links
+    (:func:`veil.atomic.atomic_dir`), on an error the old one stays. The other versions' files are hard links
     (nothing big is copied; a version folder is never written into once published); the model's own files are
     copies, so writing over one cannot change the published model. PAVE specs (``pave.json``, ``pave/``) are
     never carried over: they describe the model an export wrote, so a re-export without ``--spec`` must not

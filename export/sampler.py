@@ -22,7 +22,7 @@ from veil.posterior.sampler import MAX_SAMPLES, SamplerSettings
 from veil.training.checkpoint import checkpoint_hash
 from veil.training.priorguide import ScoreNet, load_sampler
 
-from veil.config import write_atomic
+from veil.atomic import write_atomic
 from veil.kinds import Kind, sampler_config
 
 from .errors import ExportError

@@ -14,7 +14,8 @@ from typing import Any
 
 from veil.pave import ADAPTER_SPEC_DIR, SPEC_FILE, PaveVector
 
-from veil.config import ConfigError, write_atomic
+from veil.atomic import write_atomic
+from veil.config import ConfigError
 
 DEFAULT_PROBE_SIZE = 128
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from veil.he.client import HeSession
     from veil.he.params import CkksParameters, describe
 
-    from veil.config import write_atomic
+    from veil.atomic import write_atomic
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):

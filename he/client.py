@@ -34,7 +34,7 @@ from veil.he.params import CkksParameters
 from veil.he.plan import Plan
 from veil.he.serialize import ciphertexts_from_bytes
 
-from veil.config import write_atomic
+from veil.atomic import write_atomic
 
 
 class ServerError(HEError):

@@ -42,7 +42,7 @@ from veil.he.serialize import (
     unpack,
 )
 
-from veil.config import write_atomic
+from veil.atomic import write_atomic
 
 EVALUATION_KEYS_MAGIC = b"VEILEVK\x00"
 KEYRING_MAGIC = b"VEILSK\x00\x00"

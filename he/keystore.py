@@ -46,7 +46,7 @@ from veil.he.errors import (
 )
 from veil.he.keys import EVALUATION_KEYS_MAGIC, KEYRING_MAGIC, EvaluationKeys
 
-from veil.config import write_atomic
+from veil.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 _KEY_ID = re.compile(r"^[0-9a-f]{64}$")

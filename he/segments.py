@@ -51,7 +51,7 @@ from veil.he.errors import EnvelopeError, HEError, ParameterError
 from veil.he.params import POLY_MODULUS_DEGREES
 from veil.he.plan import Plan
 
-from veil.config import atomic_dir, write_atomic
+from veil.atomic import atomic_dir, write_atomic
 
 if TYPE_CHECKING:
     import onnx

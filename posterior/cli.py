@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from veil.config import write_atomic
+from veil.atomic import write_atomic
 
 EXAMPLE = """example:
   veil sample models/gl5 --x 0.1 0.2 0.0 -0.3 0.5 \\

@@ -1,4 +1,4 @@
-"""veil.config.Registry, the one closed-registry helper of the adapter methods, optimizers and compression stages."""
+"""veil.registry.Registry, the one closed-registry helper of the adapter methods, optimizers and compression stages."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from veil.config import Registry, RegistryError
+from veil.registry import Registry, RegistryError
 
 
 class Color(str, enum.Enum):

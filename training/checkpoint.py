@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from veil.config import atomic_dir
+from veil.atomic import atomic_dir
 
 CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE = "config.json", "model.safetensors", "metrics.json"
 

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def verb_main(target: str) -> Callable[[list[str]], int]:
     """The ``main(argv) -> int`` a verb table entry names: ``"module"`` (its ``main``) or ``"module:function"``."""
-    from veil.config import import_object
+    from veil.lazy import import_object
 
     return import_object(target, default="main")
 

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from veil.config import ConfigError, write_atomic
+    from veil.atomic import write_atomic
+    from veil.config import ConfigError
 
     from ..errors import AlgorithmsError
     from .coreset import CoresetConfig, compose_labels, mapping_cost, rank_model_coreset, reduce_to_k

@@ -62,7 +62,7 @@ def plot_gap(path: Path, curves: dict[str, tuple[list[int], list[float]]]) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from veil.config import write_atomic
+    from veil.atomic import write_atomic
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name, (t, gap) in curves.items():  # a gap of exactly 0 has no place on a log axis

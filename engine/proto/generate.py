@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from veil.config import write_atomic
+from veil.atomic import write_atomic
 
 HERE = Path(__file__).resolve().parent
 PROTO = HERE / "open_inference_grpc.proto"

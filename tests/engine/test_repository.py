@@ -107,7 +107,7 @@ def test_server_start_sweeps_what_killed_exporters_left(tmp_path) -> None:
     from veil.engine.metrics import Metrics
     from veil.engine.runtime import RuntimeOptions
 
-    from veil.config import HOST
+    from veil.atomic import HOST
 
     write_repository(tmp_path, {"affine": affine_model()})
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

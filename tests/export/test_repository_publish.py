@@ -35,18 +35,18 @@ def test_a_failure_before_config_pbtxt_publishes_nothing(tmp_path: Path, monkeyp
 
 def test_the_model_folder_is_complete_at_the_instant_it_is_published(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from veil import config
+    from veil import atomic
 
     write_model(tmp_path, "m", 1, identity(), *SPECS, {"kind": "test", "tag": "v1"})
     seen = []
-    publish = config.publish_dir
+    publish = atomic.publish_dir
 
     def spy(tmp: Path, final: Path) -> None:
         seen.append(sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")))
         assert json.loads((final / "veil.json").read_text())["tag"] == "v1"  # readers still see the old model
         publish(tmp, final)
 
-    monkeypatch.setattr(config, "publish_dir", spy)
+    monkeypatch.setattr(atomic, "publish_dir", spy)
     write_model(tmp_path, "m", 2, identity(), *SPECS, {"kind": "test", "tag": "v2"})
     assert seen == [["1", "1/model.onnx", "2", "2/model.onnx", "config.pbtxt", "veil.json"]]
     assert json.loads((tmp_path / "m" / "veil.json").read_text())["tag"] == "v2"

@@ -20,7 +20,7 @@ import pytest
 import tomllib
 
 import veil.cli
-import veil.config
+import veil.lazy
 
 ROOT = Path(__file__).resolve().parents[2]
 # what the client install must not bring (each alone is hundreds of MB, torch about 1 GB)
@@ -122,7 +122,7 @@ def test_a_missing_package_names_the_extra_that_brings_it(monkeypatch: pytest.Mo
     def missing(target: str, default: str | None = None):
         raise ModuleNotFoundError("No module named 'fastapi'", name="fastapi")
 
-    monkeypatch.setattr(veil.config, "import_object", missing)
+    monkeypatch.setattr(veil.lazy, "import_object", missing)
     assert veil.cli.main(["serve", "--repo", "models"]) == 2
     err = capsys.readouterr().err
     assert "'fastapi'" in err and "pip install 'veil[serve]'" in err
@@ -135,6 +135,6 @@ def test_a_missing_veil_module_is_not_blamed_on_the_install(monkeypatch: pytest.
     def missing(target: str, default: str | None = None):
         raise ModuleNotFoundError("No module named 'veil.nowhere'", name="veil.nowhere")
 
-    monkeypatch.setattr(veil.config, "import_object", missing)
+    monkeypatch.setattr(veil.lazy, "import_object", missing)
     with pytest.raises(ModuleNotFoundError, match=r"veil\.nowhere"):
         veil.cli.main(["serve", "--repo", "models"])

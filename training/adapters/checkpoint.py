@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from veil.config import atomic_dir
+from veil.atomic import atomic_dir
 
 from .registry import METHODS, get_method
 

@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from veil.config import ConfigError, atomic_dir
+from veil.atomic import atomic_dir
+from veil.config import ConfigError
 
 from .finetune_config import BUNDLED_MINILM, MINILM_HUB_ID, OPTIMIZER_LR, FinetuneConfig
 from .workloads import (

@@ -2,7 +2,7 @@
 
 Each method's ``__init__.py`` calls :func:`register_method` once. Names outside the enum, names that are not
 lower case and second registrations are refused with the fix in the message (the PEFT pattern,
-``huggingface/peft:src/peft/utils/peft_types.py``; the helper is :class:`veil.config.Registry`, shared with the
+``huggingface/peft:src/peft/utils/peft_types.py``; the helper is :class:`veil.registry.Registry`, shared with the
 optimizers and the compression stages). A lookup imports the method's package if nothing imported it yet.
 """
 
@@ -12,7 +12,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from veil.config import Registry, import_object
+from veil.lazy import import_object
+from veil.registry import Registry
 
 if TYPE_CHECKING:
     from .config import AdapterConfig
@@ -57,7 +58,7 @@ def register_method(*, name: str, config_cls: type[AdapterConfig], model_cls: ty
     its ``"module:Class"`` path (imported on first use).
 
     Raises:
-        veil.config.RegistryError: ``name`` is not lower case, not an ``AdapterMethod`` member, or already
+        veil.registry.RegistryError: ``name`` is not lower case, not an ``AdapterMethod`` member, or already
             registered (a ``ValueError``).
     """
     METHODS.register(name, MethodEntry(AdapterMethod(name) if name in METHODS else name, config_cls, model_cls))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from veil.config import atomic_dir
+from veil.atomic import atomic_dir
 
 from .calibration import Calibration
 from .log import ModuleLog

@@ -1,6 +1,6 @@
 """Recipe stage names -> the module implementing them, imported only when a recipe uses the stage.
 
-The closed set is :data:`MODULES`; :data:`STAGES` is its :class:`veil.config.Registry` (the helper the adapter
+The closed set is :data:`MODULES`; :data:`STAGES` is its :class:`veil.registry.Registry` (the helper the adapter
 methods and the optimizers use too). Every stage module exposes ``STAGES: dict[str, Stage]`` and registers
 them with :func:`register_stages` on import. A stage's ``apply(model, config, calibration, log)``
 changes ``model`` in place (real factorised layers, really sliced experts, updated weights) and returns a summary
@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from veil.config import Config, Registry
+from veil.config import Config
+from veil.registry import Registry
 
 MODULES = {
     "saes_svd": "veil.training.compress.lowrank",

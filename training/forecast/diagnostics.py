@@ -86,7 +86,7 @@ def plot_roots(roots: list[np.ndarray] | np.ndarray, path: str | Path, title: st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from veil.config import write_atomic
+    from veil.atomic import write_atomic
 
     sets = [roots] if isinstance(roots, np.ndarray) else list(roots)
     fig, ax = plt.subplots(figsize=(4.5, 4.5))

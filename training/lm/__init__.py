@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from veil.config import lazy_exports
+from veil.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .config import PRESETS, LMModelConfig, LMTrainConfig

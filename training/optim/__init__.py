@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from veil.config import Registry
+from veil.registry import Registry
 
 from .alice import Alice
 from .groups import HEAD_NAMES, lora_param_groups, matrix_param_groups
@@ -106,7 +106,7 @@ def build_optimizer(name: str, model_or_params: ParamsLike, lr: float, **kwargs:
         **kwargs: the optimizer's own hyperparameters (``weight_decay``, ``betas``, ...).
 
     Raises:
-        veil.config.RegistryError: ``name`` is not registered (a ``ValueError`` listing the known names).
+        veil.registry.RegistryError: ``name`` is not registered (a ``ValueError`` listing the known names).
     """
     return OPTIMIZERS[name].build(model_or_params, lr=lr, **kwargs)
 

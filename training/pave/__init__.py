@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from veil.pave import PaveVector, SpecFormatError, SpecMismatch, check_comparable, rank_models
 
-from veil.config import lazy_exports
+from veil.lazy import lazy_exports
 
 from .config import PaveConfig
 

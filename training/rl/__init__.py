@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from veil.config import lazy_exports
+from veil.lazy import lazy_exports
 
 from . import sort_task  # noqa: F401  (registers the "sort" reward)
 from .config import PRESETS, GrpoConfig

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from veil.config import write_atomic
+from veil.atomic import write_atomic
 from veil.progress import progress as progress_bar
 
 from .config import ModelConfig, TrainConfig

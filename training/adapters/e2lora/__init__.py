@@ -1,6 +1,6 @@
 """E²LoRA (entropy-guided adaptive LoRA sharing): ``E2LoraConfig``, ``plan_sharing``, ``E2LoraModel``."""
 
-from veil.config import lazy_exports
+from veil.lazy import lazy_exports
 
 from ..registry import register_method
 from .config import E2LoraConfig

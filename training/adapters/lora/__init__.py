@@ -1,6 +1,6 @@
 """LoRA (PEFT-compatible): ``LoraConfig``, ``LoraLinear``, ``LoraModel``; registers the ``lora`` method."""
 
-from veil.config import lazy_exports
+from veil.lazy import lazy_exports
 
 from ..registry import register_method
 from .config import LoraConfig

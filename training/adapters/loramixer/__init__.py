@@ -1,7 +1,7 @@
 """LoRA-Mixer (routed LoRA experts in the attention projections, RSL, plug-and-play over PEFT LoRAs):
 ``LoraMixerConfig``, ``LoraMixerLinear``, ``LoraMixerModel``; registers the ``loramixer`` method."""
 
-from veil.config import lazy_exports
+from veil.lazy import lazy_exports
 
 from ..registry import register_method
 from .config import LoraMixerConfig

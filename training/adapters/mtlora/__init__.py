@@ -1,7 +1,7 @@
 """mtLoRA (multi-task block-level HydraLoRA with fine-grained routing): ``MtLoraConfig``, ``MtLoraBlock``,
 ``MtLoraModel``; registers the ``mtlora`` method."""
 
-from veil.config import lazy_exports
+from veil.lazy import lazy_exports
 
 from ..registry import register_method
 from .config import MtLoraConfig

@@ -1,6 +1,6 @@
 """PSOFT (principal-subspace orthogonal fine-tuning): ``PsoftConfig``, ``PsoftLinear``, ``PsoftModel``."""
 
-from veil.config import lazy_exports
+from veil.lazy import lazy_exports
 
 from ..registry import register_method
 from .config import PsoftConfig

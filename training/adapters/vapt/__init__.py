@@ -1,6 +1,6 @@
 """VAPT (visual adaptive prompt tuning): ``VaptConfig``, ``VaptBlock``, ``VaptModel``; registers the ``vapt`` method."""
 
-from veil.config import lazy_exports
+from veil.lazy import lazy_exports
 
 from ..registry import register_method
 from .config import VaptConfig
