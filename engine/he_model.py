@@ -17,7 +17,7 @@ ciphertext per input feature. A key upload is capped by :func:`key_upload_limit`
 Deep plans (``segments.json`` in the version folder, see :mod:`veil.he.segments`) run in several rounds:
 round k's envelope names segment k's parameter and plan hashes, and its meta carries ``round``,
 ``request_id`` (issued by the server at round 0, returned in every result) and the combined ``plan_hash``;
-the result's meta says ``round``, ``rounds`` and ``final``. A :class:`~veil.he.segments.RoundBook` refuses a
+the result's meta says ``round``, ``rounds`` and ``final``. A :class:`~veil.he.rounds.RoundBook` refuses a
 round replayed, out of order or for another request or key (409) before anything is evaluated.
 """
 
@@ -37,7 +37,8 @@ from veil.he.keys import max_bundle_bytes
 from veil.he.parallel import ParallelEvaluator
 from veil.he.params import describe
 from veil.he.plan import Plan
-from veil.he.segments import RoundBook, SegmentedPlan
+from veil.he.rounds import RoundBook
+from veil.he.segments import SegmentedPlan
 from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
 
 from .errors import DatatypeMismatch, MissingInput, ModelLoadFailed, ShapeMismatch, UnknownInput

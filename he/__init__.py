@@ -43,11 +43,12 @@ if TYPE_CHECKING:
     from veil.he.compiler import CompileError, compile
     from veil.he.evaluate import PlanEvaluator
     from veil.he.plan import Plan
-    from veil.he.segments import RoundError, SegmentedPlan, compile_segmented
+    from veil.he.rounds import RoundError
+    from veil.he.segments import SegmentedPlan, compile_segmented
 
 # model-side names -> the module that holds them, imported when first asked for
 _LAZY = {"CompileError": "veil.he.compiler", "compile": "veil.he.compiler", "PlanEvaluator": "veil.he.evaluate",
-         "Plan": "veil.he.plan", "RoundError": "veil.he.segments", "SegmentedPlan": "veil.he.segments",
+         "Plan": "veil.he.plan", "RoundError": "veil.he.rounds", "SegmentedPlan": "veil.he.segments",
          "compile_segmented": "veil.he.segments"}
 
 __all__ = [
