@@ -65,7 +65,7 @@ def _op_seconds(sa, evaluator, ct, plain, relin, galois, repeats: int) -> dict[s
 def measure_chain(n: int, levels: int, repeats: int) -> list[dict[str, Any]]:
     """Rotation, relinearization and plaintext-product seconds at the top, middle and last level of one chain."""
     import tenseal.sealapi as sa
-    from veil.he.keys import galois_element
+    from veil.he.galois import galois_element
     from veil.he.params import select_parameters
 
     params = select_parameters(levels, precision_bits=20)

@@ -33,7 +33,7 @@ import numpy as np
 from veil.he.envelope import open_envelope, seal_envelope
 from veil.he.errors import EnvelopeError, EvaluationFailed, HEError, MismatchError
 from veil.he.evaluate import PlanEvaluator
-from veil.he.keys import max_bundle_bytes
+from veil.he.galois import max_bundle_bytes
 from veil.he.parallel import ParallelEvaluator
 from veil.he.params import describe
 from veil.he.plan import Plan

@@ -33,7 +33,7 @@ MAX_KEY_BYTES = 1 << 30  # default budget for all evaluation keys of a model (cl
 
 def _key_object_bytes(params) -> int:
     """One key-switching key as the client ships it (seeded, zstd), measured once per parameter set on throwaway
-    keys: 0.71-0.85x of he.keys.switch_key_bytes' 8-byte-word bound, which stays the server's upload cap."""
+    keys: 0.71-0.85x of he.galois.switch_key_bytes' 8-byte-word bound, which stays the server's upload cap."""
     from veil.he.params import measured_sizes
 
     return measured_sizes(params)["switch_key"]

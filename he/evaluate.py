@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tenseal.sealapi as sa
 from veil.he.errors import MismatchError
-from veil.he.keys import GaloisSet
+from veil.he.galois import GaloisSet
 from veil.he.layout import split_background
 from veil.he.packing import decompose, fold_steps, residue, sum_steps, tile
 from veil.he.plan import Plan

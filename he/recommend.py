@@ -38,7 +38,8 @@ import tenseal.sealapi as sa
 from veil.he.envelope import open_envelope, seal_envelope
 from veil.he.errors import EnvelopeError, KeyringError, MismatchError, ParameterError
 from veil.he.evaluate import Chain
-from veil.he.keys import EvaluationKeys, SecretKeyring, max_bundle_bytes
+from veil.he.galois import max_bundle_bytes
+from veil.he.keys import EvaluationKeys, SecretKeyring
 from veil.he.params import CkksParameters, select_parameters
 from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
 from veil.pave import PaveVector, SpecFormatError, check_identity, identity_hash

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # what `pip install 'veil[client]'` does not install: the client path must not import any of them
 HEAVY = ("torch", "onnx", "onnxscript", "onnxruntime", "safetensors", "transformers", "sklearn", "fastapi")
 CLIENT_MODULES = ("veil", "veil.cli", "veil.config", "veil.atomic", "veil.lazy", "veil.registry", "veil.he",
-                  "veil.he.client", "veil.he.keys", "veil.he.envelope", "veil.he.serialize", "veil.he.params",
-                  "veil.he.plan", "veil.he.keystore", "veil.he.errors", "veil.he.contract", "veil.he.cli", "veil.pave")
+                  "veil.he.client", "veil.he.keys", "veil.he.galois", "veil.he.envelope", "veil.he.serialize",
+                  "veil.he.params", "veil.he.plan", "veil.he.keystore", "veil.he.errors", "veil.he.contract",
+                  "veil.he.cli", "veil.pave")
 CLIENT_PACKAGES = {"numpy", "tenseal", "cryptography"}
 
 

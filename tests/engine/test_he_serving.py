@@ -218,7 +218,7 @@ def test_key_upload_is_capped_by_the_plans_key_manifest_before_reading(app_clien
     # 19.1: the route ignored every body limit but the 2 GiB quota and read the whole body before checking it
     import socket
 
-    from veil.he.keys import max_bundle_bytes
+    from veil.he.galois import max_bundle_bytes
     from veil.he.params import CkksParameters
 
     metas = [_he(app_client, m) for m in ("tiny-he", "tiny-he-batch")]

@@ -279,7 +279,7 @@ def test_evaluation_keys_refuse_unknown_header_fields(ring: SecretKeyring) -> No
 
 def test_max_bundle_bytes_bounds_real_bundles() -> None:
     # issue 19.1: the key-upload cap is computed from N, the chain and the step count
-    from veil.he.keys import max_bundle_bytes
+    from veil.he.galois import max_bundle_bytes
 
     for params, steps in ((PARAMS, [1, 2, -1]), (OTHER, []), (OTHER, [1, 2, 4, 8, 16, 32, 64])):
         actual = SecretKeyring.generate(params, steps).evaluation_keys().size_bytes
@@ -289,7 +289,7 @@ def test_max_bundle_bytes_bounds_real_bundles() -> None:
 
 # -- issue 35.4: Galois keys in groups, one SEAL object each, never near SEAL's 2 GiB limit -------------------
 def test_galois_groups_bound_each_object_and_keep_shared_elements_together() -> None:
-    from veil.he.keys import GALOIS_GROUP_BYTES, galois_groups, switch_key_bytes
+    from veil.he.galois import GALOIS_GROUP_BYTES, galois_groups, switch_key_bytes
 
     per_key = switch_key_bytes(PARAMS)
     steps = [1, 2, 3, 4, 5, -1, PARAMS.slots - 1]  # -1 and slots - 1 are one Galois element
@@ -305,9 +305,9 @@ def test_galois_groups_bound_each_object_and_keep_shared_elements_together() -> 
 
 
 def test_grouped_galois_keys_round_trip_rotate_and_report_progress(monkeypatch: pytest.MonkeyPatch) -> None:
-    from veil.he import keys as keys_module
+    from veil.he import galois
 
-    monkeypatch.setattr(keys_module, "GALOIS_GROUP_BYTES", 2 * keys_module.switch_key_bytes(PARAMS))
+    monkeypatch.setattr(galois, "GALOIS_GROUP_BYTES", 2 * galois.switch_key_bytes(PARAMS))
     calls: list[tuple[int, int]] = []
     ring = SecretKeyring.generate(PARAMS, [1, 2, 3, -1])
     keys = EvaluationKeys.from_bytes(ring.evaluation_keys(progress=lambda d, t: calls.append((d, t))).to_bytes())
