@@ -4,7 +4,7 @@ Counts only (no encryption, no timing): "before" is the replicated Halevi-Shoup 
 issue 17 (one image per ciphertext, features padded to a period D, 2^ceil(log2 sqrt D) shared baby steps,
 giant steps per output, log2 D slot-sum rotations per PolyNorm), evaluated on the same lowered program
 (whose PolyNorm no longer carries the dense centring, which made the old layout slightly costlier still);
-"after" is :func:`veil.he.layout.pack_latency`. The program is lowered without choosing CKKS parameters, so
+"after" is :func:`veil.he.latency.pack_latency`. The program is lowered without choosing CKKS parameters, so
 models too deep for one 128-bit set (the digits presets) can still be compared layer by layer.
 
     python benchmarks/he_layouts.py --width 8 --depth 1
@@ -20,7 +20,7 @@ import torch
 from onnx import numpy_helper
 from veil.export import export_graph
 from veil.he.compiler import _lower
-from veil.he.layout import pack_latency
+from veil.he.latency import pack_latency
 from veil.he.lowering import Affine, Builder
 from veil.he.packing import decompose, key_manifest, rotation_uses, sum_steps
 from veil.training.uldnet import ModelConfig, PolyCNN

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from veil.he.errors import HEError, ParameterError
-from veil.he.layout import pack_latency
+from veil.he.latency import pack_latency
 from veil.he.lowering import Affine, Builder, identity, sparse
 from veil.he.packing import key_manifest, next_pow2, parse_key_mode, rotation_counts, rotation_uses
 from veil.he.plan import FORMAT, Mode, Plan
