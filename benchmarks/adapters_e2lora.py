@@ -35,7 +35,6 @@ from veil.training.adapters.finetune import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_e2lora"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_results  # noqa: E402
 
 

@@ -40,7 +40,6 @@ from veil.training.adapters.workloads import BERT_ATTENTION_PROJECTIONS
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_loramixer"
 DOMAINS = ("sentiment", "number", "topic")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_results  # noqa: E402
 
 

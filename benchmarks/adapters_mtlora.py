@@ -24,7 +24,6 @@ from veil.training.adapters.mtlora.synthetic import MultiTaskSuite, make_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_mtlora"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_results  # noqa: E402
 
 D, RANK, EXPERTS, GROUPS = 64, 8, 8, 2

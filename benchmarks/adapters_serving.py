@@ -40,7 +40,6 @@ from veil.export.encoder import SentenceEncoder, load_sentence_encoder, random_t
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "adapters_serving"
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_results  # noqa: E402
 
 

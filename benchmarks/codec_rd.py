@@ -24,13 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import save_results
 from veil.codec.cli import default_model
 from veil.codec.evaluate import bench, curve, plot
 from veil.codec.images import bundled
 from veil.codec.runtime import CodecRuntime
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = [0.01, 0.02, 0.05, 0.1]

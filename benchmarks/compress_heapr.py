@@ -47,7 +47,6 @@ from veil.training.lm.data import eval_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "compress_heapr"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_figure, save_results  # noqa: E402
 
 RATIOS = (0.1, 0.25, 0.4)

@@ -45,7 +45,6 @@ from veil.training.compress.workloads import (
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "compress_svd"
 METHODS = ("svd", "svd_llm", "saes_svd")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_figure, save_results  # noqa: E402
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
+from common import save_results
 from veil.export.encoder import (
     DYNAMIC,
     embedding_agreement,
@@ -35,9 +36,6 @@ from veil.export.onnx_export import export_graph
 from veil.export.quantize import quantize_dynamic_int8
 
 from veil.machine import describe
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.8  # issue 20 section 2b: ORT fp32 with fusions vs PyTorch eager at batch 8, sequence 128

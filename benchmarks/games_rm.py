@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_figure, save_results
 from veil.algorithms.games import duality_gap, loglog_slope, solve
 from veil.algorithms.games.solvers import checkpoints

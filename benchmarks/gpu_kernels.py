@@ -26,7 +26,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "gpu_kernels"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, write_section  # noqa: E402
 
 TARGETS = {"lora_speedup_min": 3.0, "lowrank_speedup_min": 1.3}

@@ -43,6 +43,7 @@ import onnxruntime as ort
 import tenseal as ts
 import tenseal.sealapi as sa
 import torch
+from common import argument_parser, command_line, environment, save_figure, save_results
 from torch import nn
 from veil.export import export_graph
 from veil.he.compiler import compile as he_compile
@@ -53,9 +54,6 @@ from veil.he.packing import pow2_steps
 from veil.he.serialize import seal_to_bytes
 from veil.training.uldnet import ModelConfig, TrainConfig, load_digits_preset, train_uldnet
 from veil.training.uldnet.config import DIGITS_HE_PRESETS
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import argument_parser, command_line, environment, save_figure, save_results
 
 TUTORIAL_N, TUTORIAL_CHAIN, SCALE_BITS = 8192, [31] + [26] * 6 + [31], 26
 MIB = 2**20

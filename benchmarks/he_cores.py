@@ -25,13 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from veil.he.compiler import compile as he_compile
-from veil.he.evaluate import PlanEvaluator
-from veil.he.keys import SecretKeyring
-from veil.he.parallel import ParallelEvaluator, default_processes
-from veil.training.uldnet import load_digits_preset
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_results
 from he_cnn import (
     TUTORIAL_N,
@@ -43,6 +36,11 @@ from he_cnn import (
     spread,
     train_tutorial,
 )
+from veil.he.compiler import compile as he_compile
+from veil.he.evaluate import PlanEvaluator
+from veil.he.keys import SecretKeyring
+from veil.he.parallel import ParallelEvaluator, default_processes
+from veil.training.uldnet import load_digits_preset
 
 MIB = 2**20
 

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import torch
+from common import VEIL, ServeProcess, argument_parser, command_line, environment, run_child, save_results
 from veil.engine.server import ServerConfig, build_server
 from veil.export import export_graph
 from veil.export.he import export_he
@@ -50,9 +51,6 @@ from veil.training.uldnet import (
     train_uldnet,
 )
 from veil.training.uldnet.config import DIGITS_PRESETS
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import VEIL, ServeProcess, argument_parser, command_line, environment, run_child, save_results
 
 
 def preset_lr(arch: str) -> float:

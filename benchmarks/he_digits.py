@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import numpy as np
 import onnxruntime as ort
 import tenseal as ts
 import torch
+from common import environment, save_results
 from veil.export import export_graph
 from veil.he.compiler import compile
 from veil.he.evaluate import PlanEvaluator
@@ -32,9 +32,6 @@ from veil.he.params import SECURITY, describe
 from veil.he.serialize import seal_to_bytes
 from veil.training.uldnet import ModelConfig, TrainConfig, load_digits_preset, train_uldnet
 from veil.training.uldnet.config import DIGITS_HE_PRESET
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE_CHAIN = [50] + [32] * 10 + [50]  # 10 levels (see tenseal_forward), log2 Q = 420 <= 438 at N=16384

@@ -60,7 +60,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "length10": ("sort 10 symbols: longer responses", {"length": 10}, {}),
     "noise0.2": ("cleaner warm start (noise 0.2): few low-probability tokens", {"noise": 0.2}, {}),
 }
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_figure, save_results  # noqa: E402
 
 

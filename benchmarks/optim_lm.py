@@ -38,7 +38,6 @@ from veil.training.lm.trainer import optimizer_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "optim_lm"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, environment, save_figure, save_results  # noqa: E402
 
 # lr grids: AdamW around its usual small-model range; RACS/Alice around the paper's λ = 0.02 (Tables 9, 11), RACS

@@ -43,7 +43,6 @@ METHODS = {"adamw": ("adamw", {}), "adams": ("adams", {}), "lracs": ("lracs", {}
 LR_GRID = {"adamw": (2e-3, 5e-3, 1e-2), "adams": (1e-4, 3e-4, 1e-3), "lracs": (1.25e-4, 2.5e-4, 5e-4),
            "lracs_bc": (1e-3, 2e-3, 4e-3)}
 QUICK_LR = {"adamw": 2e-3, "adams": 1e-4, "lracs": 2.5e-4, "lracs_bc": 1e-3}
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_figure, save_results  # noqa: E402
 
 

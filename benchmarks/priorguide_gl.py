@@ -38,7 +38,6 @@ from veil.progress import progress as progress_bar
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "priorguide_gl"
 S = math.sqrt(0.1)
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_figure, save_results  # noqa: E402
 
 

@@ -34,10 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import argument_parser, command_line, environment, save_results
+from torch import nn
 from veil.he.keystore import KeyStore
 from veil.he.recommend import (
     PrivateRecommendClient,

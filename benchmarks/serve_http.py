@@ -46,7 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 WIDE_HIDDEN = 8192  # a compute-bound variant: 32 MB first layer, ~1.5 ms per batch-1 run on 2 cores
 SECTION = "serve_http"
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     GRPC_INFER,
     argument_parser,

@@ -34,13 +34,6 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import ray
-from ray import serve
-from veil.engine import ray_serve
-from veil.engine.server_config import ServerConfig
-from veil.engine.toy import digits_model, write_repository
-from veil.he.envelope import open_envelope
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     argument_parser,
     command_line,
@@ -50,6 +43,11 @@ from common import (
     requests_per_second,
     save_results,
 )
+from ray import serve
+from veil.engine import ray_serve
+from veil.engine.server_config import ServerConfig
+from veil.engine.toy import digits_model, write_repository
+from veil.he.envelope import open_envelope
 
 SECTION = "serve_ray"
 WIDE_HIDDEN = 8192  # as benchmarks/serve_http.py: a 32 MB first layer

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import save_figure, save_results
 from veil.training.uldnet import (
     ModelConfig,
     TrainConfig,
@@ -31,9 +32,6 @@ from veil.training.uldnet import (
 from veil.training.uldnet.config import DIGITS_PRESETS
 
 from veil.progress import progress as progress_bar
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_figure, save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "uldnet_digits"

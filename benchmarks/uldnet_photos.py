@@ -22,11 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import argument_parser, command_line, environment, save_results
 from veil.training.uldnet import ModelConfig, TrainConfig, load_photos32, train_uldnet
 from veil.training.uldnet.config import PHOTOS32_PRESETS
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import argument_parser, command_line, environment, save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "uldnet_photos"
