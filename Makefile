@@ -24,10 +24,10 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu" --timeout=900 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu and not slow" --timeout=600
+	$(PY) -m pytest -q -m "not slow" --timeout=600
 
 BENCHMARKS := uldnet_digits export_minilm serve_http serve_ray he_digits he_cnn he_deep he_layouts adapters_serving adapters_mtlora adapters_e2lora adapters_loramixer optim_lora optim_lm optim_grpo compress_svd compress_heapr compress_safety codec_rd priorguide_gl forecast_linear recommend_pave cluster_oracle games_rm gpu_kernels
 

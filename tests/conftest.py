@@ -1,5 +1,5 @@
-"""Shared pytest set-up: GPU tests skip without CUDA; Triton kernels run in its interpreter without CUDA;
-``load_benchmark`` imports a benchmark script."""
+"""Shared pytest set-up: Triton kernels run in its interpreter without CUDA; ``load_benchmark`` imports a
+benchmark script; ``isolated`` tests run in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -50,21 +50,6 @@ def load_benchmark() -> Callable[[str], ModuleType]:
         spec.loader.exec_module(module)
         return module
     return load
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    try:
-        import torch
-
-        has_cuda = torch.cuda.is_available()
-    except ImportError:
-        has_cuda = False
-    if has_cuda:
-        return
-    skip = pytest.mark.skip(reason="needs CUDA")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
 
 
 # Tests marked `isolated` run in a fresh interpreter (one pytest child per test): SEAL's memory pool never gives
