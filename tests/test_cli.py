@@ -32,6 +32,16 @@ def test_every_group_has_help_with_an_example(group: str, capsys: pytest.Capture
     assert f"veil {group}" in out and "example:" in out
 
 
+def test_bare_veil_and_a_bare_group_print_help_and_succeed(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: bare `veil` printed its usage and exited 2; like bare `pip`, it is a request for help."""
+    assert main([]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("usage: veil <group> <verb>") and "example:" in captured.out and not captured.err
+    assert main(["train"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("usage: veil train <verb>") and not captured.err
+
+
 def test_unknown_group_and_verb_are_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["nope"]) == 2
     assert "unknown group 'nope'" in capsys.readouterr().err

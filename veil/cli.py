@@ -83,9 +83,9 @@ def group_help(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help"):  # bare `veil` is a request for help, as bare `pip` is
         print(USAGE)
-        return 0 if argv else 2
+        return 0
     if argv[0] == "--version":
         print(f"veil {__version__}")
         return 0
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_verb(f"veil {group}", lambda: verb_main(verbs[""])(rest))
     if not rest or rest[0] in ("-h", "--help"):
         print(group_help(group))
-        return 0 if rest else 2
+        return 0
     if rest[0] not in verbs:
         print(f"veil {group}: unknown verb {rest[0]!r}; expected {sorted(verbs)}", file=sys.stderr)
         return 2
