@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 from veil.training.adapters import LoraConfig, inject
-from veil.training.adapters.data import Task, TaskData, make_task
+from veil.training.adapters.data import TaskData, TextTask, make_task
 from veil.training.adapters.finetune import (
     BUNDLED_MINILM,
     MINILM_HUB_ID,
@@ -43,7 +43,7 @@ DOMAINS = ("sentiment", "number", "topic")
 from common import argument_parser, command_line, environment, save_results  # noqa: E402
 
 
-def mixture(cfg: FinetuneConfig, seed: int) -> tuple[Task, dict[str, Task]]:
+def mixture(cfg: FinetuneConfig, seed: int) -> tuple[TextTask, dict[str, TextTask]]:
     """One task over the union of the domains' labels (label offsets per domain), and each domain with offset labels."""
     sizes = (cfg.train_size, cfg.val_size, cfg.test_size)
     parts, names, offset = {}, [], 0
@@ -51,7 +51,7 @@ def mixture(cfg: FinetuneConfig, seed: int) -> tuple[Task, dict[str, Task]]:
         task = make_task(domain, sizes, seed=seed)
         shift = [label + offset for label in task.train.labels], [label + offset for label in task.val.labels], \
             [label + offset for label in task.test.labels]
-        parts[domain] = Task(domain, task.label_names, TaskData(task.train.texts, shift[0]),
+        parts[domain] = TextTask(domain, task.label_names, TaskData(task.train.texts, shift[0]),
                              TaskData(task.val.texts, shift[1]), TaskData(task.test.texts, shift[2]))
         names += [f"{domain}:{n}" for n in task.label_names]
         offset += len(task.label_names)
@@ -60,10 +60,10 @@ def mixture(cfg: FinetuneConfig, seed: int) -> tuple[Task, dict[str, Task]]:
         return TaskData([t for p in parts.values() for t in getattr(p, split).texts],
                         [y for p in parts.values() for y in getattr(p, split).labels])
 
-    return Task("mixture", names, union("train"), union("val"), union("test")), parts
+    return TextTask("mixture", names, union("train"), union("val"), union("test")), parts
 
 
-def fit_hard_stage(model: nn.Module, tok, parts: dict[str, Task], cfg: FinetuneConfig) -> None:
+def fit_hard_stage(model: nn.Module, tok, parts: dict[str, TextTask], cfg: FinetuneConfig) -> None:
     """Stage 1: per-domain experts — batches of one domain at a time (round robin), routed by their domain id."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -83,7 +83,7 @@ def fit_hard_stage(model: nn.Module, tok, parts: dict[str, Task], cfg: FinetuneC
                 opt.step()
 
 
-def routing_agreement(model: nn.Module, tok, parts: dict[str, Task], cfg: FinetuneConfig) -> float:
+def routing_agreement(model: nn.Module, tok, parts: dict[str, TextTask], cfg: FinetuneConfig) -> float:
     """Share of real tokens whose top-1 router expert is their sample's domain, averaged over the mixer layers."""
     hits = total = 0
     for domain, part in enumerate(parts.values()):
@@ -102,7 +102,7 @@ def routing_agreement(model: nn.Module, tok, parts: dict[str, Task], cfg: Finetu
     return hits / max(total, 1)
 
 
-def per_domain_accuracy(model: nn.Module, tok, parts: dict[str, Task], cfg: FinetuneConfig) -> dict[str, float]:
+def per_domain_accuracy(model: nn.Module, tok, parts: dict[str, TextTask], cfg: FinetuneConfig) -> dict[str, float]:
     return {d: accuracy(model, make_batches(tok, p.test.texts, p.test.labels, cfg)) for d, p in parts.items()}
 
 

@@ -36,7 +36,7 @@ class TaskData:
 
 
 @dataclass(frozen=True)
-class Task:
+class TextTask:
     """A generated task: its label names and three splits."""
 
     name: str
@@ -79,7 +79,7 @@ def _topic_sampler():
 TASKS = {"sentiment": ["negative", "positive"], "number": ["no number", "number"], "topic": TOPIC_SECTIONS}
 
 
-def make_task(name: str, sizes: tuple[int, int, int] = (480, 120, 240), seed: int = 0) -> Task:
+def make_task(name: str, sizes: tuple[int, int, int] = (480, 120, 240), seed: int = 0) -> TextTask:
     """Generate ``name`` with (train, val, test) sizes; duplicates across splits are removed from val and test.
 
     Raises:
@@ -103,4 +103,4 @@ def make_task(name: str, sizes: tuple[int, int, int] = (480, 120, 240), seed: in
     def split(rows: list[tuple[str, int]]) -> TaskData:
         return TaskData([t for t, _ in rows], [y for _, y in rows])
 
-    return Task(name, TASKS[name], split(train), split(held[:sizes[1]]), split(held[sizes[1]:]))
+    return TextTask(name, TASKS[name], split(train), split(held[:sizes[1]]), split(held[sizes[1]:]))

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .data import Task
+from .data import TextTask
 from .finetune_config import (  # noqa: F401  (re-exported: the workload's names)
     BUNDLED_MINILM,
     MINILM_HUB_ID,
@@ -119,7 +119,7 @@ def make_batches(tokenizer, texts: list[str], labels: list[int], cfg: FinetuneCo
     return out
 
 
-def train(model: nn.Module, tokenizer, task: Task, cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
+def train(model: nn.Module, tokenizer, task: TextTask, cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     """Fine-tune the trainable parameters of ``model`` (an AdapterModel, or a frozen base for ``probe``).
 
     The loss is cross-entropy plus ``model.aux_loss()`` when the model has one; both are logged per epoch.
