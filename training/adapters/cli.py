@@ -101,7 +101,7 @@ def run(argv: list[str] | None = None) -> dict:
         if cfg.method != "probe":
             save_adapter(tmp, model)
         for name, base in extra.items():
-            base.save_pretrained(tmp / name)
+            _save_quietly(base, tmp / name)
         (tmp / "finetune.json").write_text(cfg.to_json())
         source = MINILM_HUB_ID if model_name == BUNDLED_MINILM else model_name
         card = None if cfg.task == DIGITS_TASK else model_card(cfg.method, cfg.task, metrics["labels"], source)
@@ -154,13 +154,27 @@ def run_text(parser: argparse.ArgumentParser, args, cfg: FinetuneConfig, model_n
     return model, metrics, {}, cfg
 
 
+def _save_quietly(model, folder: Path) -> None:
+    """``model.save_pretrained(folder)`` without transformers' "Writing model shards" tqdm bar, which writes ``\\r``
+    updates into a log (issue 33.3; the walk found it in `veil finetune --task digits-5to9`'s stderr)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(folder)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def run_digits(parser: argparse.ArgumentParser, args, cfg: FinetuneConfig, model_name: str):
     """The tiny ViT pre-trained on digits 0-4, adapted to 5-9 (new head) with ``cfg.method``."""
     import copy
 
     from .workloads import build_vit_digits, train_digits
 
-    base, info = build_vit_digits(cfg)
+    base, info = build_vit_digits(cfg, progress=not args.no_progress)
     extra = {"base": copy.deepcopy(base)}  # the pre-trained backbone (fresh head) the adapter needs
     adapter_cfg = make_adapter_config(parser, args, cfg, model_name)
     if adapter_cfg is None:  # probe: frozen backbone, trainable head

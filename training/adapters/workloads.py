@@ -138,8 +138,11 @@ def save_adapter(folder: Path, model: nn.Module) -> None:
 
 
 # -- the digits workload --------------------------------------------------------------------------------------------
-def build_vit_digits(cfg) -> tuple[nn.Module, dict[str, Any]]:
-    """The tiny ViT pre-trained (seeded) on digits 0–4 with a fresh 5-class head for 5–9, and its pre-train accuracy."""
+def build_vit_digits(cfg, progress: bool = False) -> tuple[nn.Module, dict[str, Any]]:
+    """The tiny ViT pre-trained (seeded) on digits 0–4 with a fresh 5-class head for 5–9, and its pre-train accuracy.
+
+    ``progress``: the pre-training's epochs as a bar (a line in a log); it is most of a digits run's time.
+    """
     import torch
     from transformers import ViTConfig, ViTForImageClassification
 
@@ -148,7 +151,8 @@ def build_vit_digits(cfg) -> tuple[nn.Module, dict[str, Any]]:
     torch.manual_seed(cfg.seed)
     base = ViTForImageClassification(ViTConfig(**TINY_VIT))
     xa, ya, xa_test, ya_test = digit_split(low=True, seed=cfg.seed)
-    fit(base, xa, ya, cfg.pretrain_epochs, lr=3e-3, seed=cfg.seed)
+    fit(base, xa, ya, cfg.pretrain_epochs, lr=3e-3, seed=cfg.seed, progress=progress,
+        desc="pre-train the tiny ViT on digits 0-4")
     info = {"pretrain_accuracy_0_4": accuracy(base, xa_test, ya_test)}
     torch.manual_seed(cfg.seed + 1)
     base.classifier.reset_parameters()

@@ -35,12 +35,15 @@ def digit_split(low: bool, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, t
     return x[perm[:cut]], y[perm[:cut]], x[perm[cut:]], y[perm[cut:]]
 
 
-def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, seed: int = 0) -> None:
-    """AdamW on the trainable parameters, batch 64, cross-entropy."""
+def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, seed: int = 0,
+        progress: bool = False, desc: str = "fit") -> None:
+    """AdamW on the trainable parameters, batch 64, cross-entropy; ``progress``: one bar / log line per ``desc``."""
+    from veil.progress import progress as progress_bar
+
     torch.manual_seed(seed)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=1e-4)
     model.train()
-    for _ in range(epochs):
+    for _ in progress_bar(range(epochs), desc=desc, enabled=progress, leave=False):
         for idx in torch.randperm(len(y)).split(64):
             opt.zero_grad()
             F.cross_entropy(model(pixel_values=x[idx]).logits, y[idx]).backward()
