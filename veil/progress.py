@@ -135,3 +135,20 @@ def stage(desc: str, *, enabled: bool = True, file: IO[str] | None = None) -> It
     if progress_enabled(enabled):
         tail = "".join(f", {k}={v}" for k, v in info.items())
         print(f"{desc}: done in {time.perf_counter() - start:.1f} s{tail}", file=file or sys.stderr, flush=True)
+
+
+def quiet_library_bars(stream: IO[str] | None = None) -> bool:
+    """Silence the tqdm bars of Hugging Face libraries ("Loading weights", "Writing model shards") where veil's own
+    progress would be plain lines: stderr not a terminal, or TQDM_DISABLE set. They write ``\\r`` updates into a log
+    (issue 33: `veil export onnx bundled:all-MiniLM-L6-v2` and every `veil finetune` text run did). Sets
+    ``HF_HUB_DISABLE_PROGRESS_BARS=1`` (huggingface_hub, and transformers which reads it when imported) unless the
+    user set it, and turns transformers' bars off if it is already imported. Returns whether it silenced them.
+    """
+    if progress_enabled() and _is_terminal(stream or sys.stderr):
+        return False
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] not in _UNSET:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return True
