@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_key_mib": args.max_key_mib,
         "models": [export_row(width, args.depth, epochs, args.max_key_mib, args.cache) for width in widths],
     }
-    save_results(args.out, "he_resnet", report, markdown(report))
+    # one section per depth: ResNet-20's (depth 3) beside the one-block rows
+    save_results(args.out, "he_resnet" if args.depth == 1 else f"he_resnet_d{args.depth}", report, markdown(report))
     print(json.dumps([{k: row.get(k) for k in ("export_s", "export_peak_rss_gb", "rounds", "key_bytes",
                                                "predicted_seconds")} for row in report["models"]], indent=1))
     return 0
