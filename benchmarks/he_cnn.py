@@ -7,10 +7,13 @@
     2^26, ``generate_galois_keys()``) at TenSEAL's default thread count (``ts.context`` without ``n_threads``: every
     core) and at ``n_threads=1``.
 (b) the same torch model exported with ``veil.export`` and compiled by ``veil.he`` (the smallest ring that holds it,
-    N = 8192; rotation keys "exact" = the fastest, "pow2", "binary"). veil's ``PlanEvaluator`` runs on one core
-    today; the "CPU / wall" column measures the cores each side used.
+    N = 8192; rotation keys "exact" = the fastest, "pow2", "binary"), evaluated by the serial ``PlanEvaluator``
+    (one core; the parallel evaluator is benchmarks/he_cores.py's); the "CPU / wall" column measures the cores each
+    side used; and cut into client-refresh rounds at rings <= ``--tutorial-refresh-n`` (default 4096: one level per
+    round), timed as server + the client's refresh between rounds (in-process: no network round trip).
 (c) the 8x8 variant of (a) (kernel 3, stride 1, fc 144 -> 64 on the 8x8 digits), TenSEAL default threads vs veil.
-(d) veil's ``digits-he`` PolyCNN (``veil train uldnet --preset digits-he --arch cnn``), against the targets.
+(d) veil's ``digits-he`` PolyCNN (``veil train uldnet --preset digits-he --arch cnn``), against the targets, in one
+    round and in refresh rounds at rings <= ``--polycnn-refresh-n`` (default 8192).
 
 Inputs: scikit-learn's 8x8 digits scaled to [0, 1], each pixel repeated 3x3 (``np.kron``: 24x24) and zero-padded by
 2 on every side to 28x28, as MNIST centres its 20x20 digits in a 28x28 frame; or MNIST itself with ``--mnist DIR``
@@ -220,7 +223,7 @@ def tenseal_rotations(windows: int, kernel: int, channels: int, hidden: int, slo
 
 # -- (b) veil ----------------------------------------------------------------------------------------------------
 class Veil:
-    """A compiled veil plan, its keys and evaluator (one core: PlanEvaluator has no parallel path)."""
+    """A compiled veil plan, its keys and the serial evaluator (one core)."""
 
     def __init__(self, graph, mode: str = "latency", rotation_keys: str = "exact", precision_bits: int = 20) -> None:
         self.plan, self.compile_s, _ = timed(he_compile, graph, mode, precision_bits, rotation_keys)

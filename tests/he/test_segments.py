@@ -247,24 +247,54 @@ def test_round_book_is_bounded_by_ttl_and_per_owner() -> None:
     assert single.begin({}, "a").final and single.pending() == 0  # one round: nothing to bind
 
 
+def encrypted_rounds(plan, x: np.ndarray) -> np.ndarray:
+    """``x`` through every segment on ciphertexts: a fresh encryption under that segment's keys, the server's
+    evaluation, the client's decryption (what HeSession does between rounds, without HTTP)."""
+    from veil.he.evaluate import PlanEvaluator
+    from veil.he.keys import SecretKeyring
+
+    y = x
+    for p in plan.plans:
+        params = p.parameters()
+        ring = SecretKeyring.generate(params, p.galois_steps)
+        out = PlanEvaluator(p, params).run(ring.encrypt(p.encode_inputs(y)), ring.evaluation_keys())
+        y = p.decode_outputs(ring.decrypt(out), len(x))
+    return y
+
+
+class Square(nn.Module):
+    """x * x, the TenSEAL tutorial network's activation (one level; a degree-2 PolyAct takes two)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x
+
+
+def test_segments_at_n_4096_run_encrypted_and_match_onnx_runtime() -> None:
+    """Every segment at N = 4096 (each key ~7x smaller than at 8192): the client refreshes between one-level
+    segments, and the logits match ONNX Runtime's (what benchmarks/he_cnn.py's refresh rows rely on)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 8), Square(), nn.Linear(8, 8), Square(), nn.Linear(8, 3)).eval()
+    graph = export_graph(model, (torch.randn(4, 12),), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    plan = compile_segmented(graph, precision_bits=14, refresh=True, max_poly_modulus_degree=4096)
+    assert plan.rounds >= 3 and {p.parameters().poly_modulus_degree for p in plan.plans} == {4096}
+    assert all(p.levels <= p.parameters().levels for p in plan.plans)
+    x = np.random.default_rng(1).uniform(-1, 1, size=(2, 12))
+    y, expected = encrypted_rounds(plan, x), ort_run(graph, x)
+    assert np.abs(y - expected).max() < 0.01 * np.abs(expected).max() + 1e-3, (y, expected)
+    assert np.array_equal(y.argmax(1), expected.argmax(1))
+
+
 @pytest.mark.slow
 @pytest.mark.isolated  # deep plans at N = 16384: gigabytes SEAL keeps
 def test_encrypted_polycnn_with_refresh_matches_onnx_runtime() -> None:
     """The 28-level PolyCNN at N <= 16384: segments evaluated on ciphertexts, the client refreshing between them."""
-    from veil.he.evaluate import PlanEvaluator
-    from veil.he.keys import SecretKeyring
     from veil.training.uldnet import load_digits_preset
 
     model = exported("cnn")
     plan = compile_segmented(model, precision_bits=14, refresh=True, max_poly_modulus_degree=16384)
     assert plan.rounds >= 2 and all(p.parameters().poly_modulus_degree <= 16384 for p in plan.plans)
     x = load_digits_preset().x_test[:3].astype(np.float64)
-    y = x
-    for p in plan.plans:  # one round each: fresh encryption under this segment's keys, server, decrypt
-        params = p.parameters()
-        ring = SecretKeyring.generate(params, p.galois_steps)
-        out = PlanEvaluator(p, params).run(ring.encrypt(p.encode_inputs(y)), ring.evaluation_keys())
-        y = p.decode_outputs(ring.decrypt(out), len(x))
+    y = encrypted_rounds(plan, x)
     expected = ort_run(model, x)
     scale = np.abs(expected).max()
     # 12 bits left ~0.016 of the scale here (and once > 0.02 in CI); 14 bits leave ~0.003, a 6x margin
