@@ -3,8 +3,10 @@
 A latency-mode HE request carries up to ``he_max_ciphertexts`` ciphertexts (each a block of images), and each is
 a whole, independent evaluation of the plan (seconds at N = 16384). A replica deployed with ``--he-workers W``
 (:mod:`veil.engine.ray_replica`) starts W :class:`HeWorker` Ray actors and splits such a request into W contiguous
-chunks, one per worker (:meth:`veil.engine.he_model.HeModel._run`); the replica opens and checks the envelope,
-the round and the keys' owner as always, and only the ciphertext chunks travel. A throughput-mode request (one
+chunks, one per worker (:meth:`veil.engine.he_model.HeModel._fan_out`); the replica opens and checks the envelope,
+the round, the keys' owner and every ciphertext as always, and only the ciphertext chunks travel: each chunk is the
+client's own bytes of its ciphertexts (never re-serialized by the replica), parsed once by its worker, and the
+results come back as bytes that the replica puts into the result envelope unparsed. A throughput-mode request (one
 ciphertext per input feature, all of them one computation) is evaluated in the replica, unsplit.
 
 Each worker loads the model's plan from the repository (its weights encoded once per segment, on first use) and

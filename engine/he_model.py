@@ -39,7 +39,7 @@ from veil.he.params import describe
 from veil.he.plan import Plan
 from veil.he.rounds import RoundBook
 from veil.he.segments import SegmentedPlan
-from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
+from veil.he.serialize import blobs_to_bytes, ciphertext_blobs, ciphertexts_from_blobs, ciphertexts_to_bytes
 
 from .errors import DatatypeMismatch, MissingInput, ModelLoadFailed, ShapeMismatch, UnknownInput
 from .metrics import Metrics, ModelMetrics
@@ -200,10 +200,14 @@ class HeModel:
                                 f"of model '{self.name}' segment {stage.index} is {stage.plan.galois_steps})")
         ticket = self.rounds.begin(envelope.meta, key_id)  # 409 for a replayed / out-of-order round
         try:
-            cts = ciphertexts_from_bytes(stage.params, envelope.payload, max_count=stage.max_ciphertexts, fresh=True)
+            # parsed once here, to check every ciphertext before anything is evaluated; fan-out workers receive
+            # their chunk's original bytes (never re-serialized) and their results travel back as bytes (issue 32)
+            blobs = ciphertext_blobs(envelope.payload, max_count=stage.max_ciphertexts)
+            cts = ciphertexts_from_blobs(stage.params, blobs, fresh=True)
             start = time.perf_counter()
             try:
-                result = self._run(stage, cts, keys, key_id, feeds["key_secret"])
+                fanned = self._fan_out(stage, blobs, key_id, feeds["key_secret"])
+                result = stage.evaluator.run(cts, keys) if fanned is None else fanned
             except HEError:
                 raise
             except (RuntimeError, ValueError) as exc:  # SEAL's refusals of ciphertexts that passed every check
@@ -211,7 +215,7 @@ class HeModel:
                                key_id, type(exc).__name__, str(exc)[:200])
                 raise EvaluationFailed(f"model '{self.name}': SEAL refused to evaluate the ciphertexts "
                                        f"({type(exc).__name__}: {str(exc)[:200]})") from None
-            payload = ciphertexts_to_bytes(result)
+            payload = ciphertexts_to_bytes(result) if fanned is None else blobs_to_bytes(result)
         except BaseException:
             self.rounds.end(ticket, ok=False)
             raise
@@ -224,18 +228,18 @@ class HeModel:
         return seal_envelope(payload, kind="result", key_id=key_id, params_hash=stage.params_hash,
                              plan_hash=stage.plan_hash, meta=meta)
 
-    def _run(self, stage: ServedSegment, cts: list[Any], keys: Any, key_id: str, key_secret: str) -> list[Any]:
-        """The plan on ``cts``: here, or split into contiguous chunks over the fan-out workers (latency mode with
-        more than one ciphertext; a throughput request's ciphertexts are one computation and stay here)."""
+    def _fan_out(self, stage: ServedSegment, blobs: list[bytes], key_id: str, key_secret: str) -> list[bytes] | None:
+        """The results' SEAL bytes, one per ciphertext, of the plan on ``blobs`` split into contiguous chunks over
+        the fan-out workers; None where the request is evaluated here (no workers or not all started, throughput
+        mode, whose ciphertexts are one computation, or a single ciphertext)."""
         pool = self.fan_out
-        if (pool is None or stage.plan.mode != "latency" or len(cts) < 2 or len(pool.workers) < 2
+        if (pool is None or stage.plan.mode != "latency" or len(blobs) < 2 or len(pool.workers) < 2
                 or not pool.ready):  # workers the cluster has not placed yet: evaluate here
-            return stage.evaluator.run(cts, keys)
-        chunks = np.array_split(np.arange(len(cts)), min(len(pool.workers), len(cts)))
-        payloads = [ciphertexts_to_bytes([cts[i] for i in chunk]) for chunk in chunks]
+            return None
+        chunks = np.array_split(np.arange(len(blobs)), min(len(pool.workers), len(blobs)))
+        payloads = [blobs_to_bytes([blobs[i] for i in chunk]) for chunk in chunks]
         results = pool(stage.index, key_id, key_secret, payloads)
-        out = [ciphertexts_from_bytes(stage.params, data, max_count=len(chunk)) for data, chunk in
-               zip(results, chunks, strict=True)]
+        out = [ciphertext_blobs(data, max_count=len(chunk)) for data, chunk in zip(results, chunks, strict=True)]
         if [len(part) for part in out] != [len(chunk) for chunk in chunks]:  # one result per ciphertext
             raise RuntimeError(f"HE fan-out: expected {[len(c) for c in chunks]} ciphertexts back, received "
                                f"{[len(part) for part in out]}")

@@ -182,7 +182,12 @@ def split_sections(payload: bytes, lengths: Any, error: type[HEError], what: str
 
 def ciphertexts_to_bytes(cts: Sequence[_Savable]) -> bytes:
     """Serialize ciphertexts (plain ``sa.Ciphertext`` or seeded ``Serializable`` ones) into one container."""
-    blobs = [seal_to_bytes(ct) for ct in cts]
+    return blobs_to_bytes([seal_to_bytes(ct) for ct in cts])
+
+
+def blobs_to_bytes(blobs: Sequence[bytes]) -> bytes:
+    """The container of ciphertexts already serialized by SEAL (e.g. :func:`ciphertext_blobs` of other containers):
+    framing only, no SEAL object is built (a server forwarding chunks of a request to its workers, issue 32)."""
     return pack(CIPHERTEXTS_MAGIC, CIPHERTEXTS_VERSION, {"count": len(blobs), "lengths": [len(b) for b in blobs]},
                 b"".join(blobs))
 
@@ -206,6 +211,19 @@ def ciphertexts_from_bytes(params: CkksParameters, data: bytes, *, max_count: in
         TooManyCiphertexts: more than ``max_count`` ciphertexts (HTTP 413).
         MalformedCiphertext: garbage, a bad checksum, or a ciphertext failing any check above.
     """
+    return ciphertexts_from_blobs(params, ciphertext_blobs(data, max_count=max_count), fresh=fresh)
+
+
+def ciphertext_blobs(data: bytes, *, max_count: int | None = None) -> list[bytes]:
+    """The SEAL bytes of each ciphertext of a :func:`ciphertexts_to_bytes` container, unparsed.
+
+    Checks the container (magic, version, checksum, header fields, lengths, count) and ``max_count`` from the
+    header; the ciphertexts themselves are checked by :func:`ciphertexts_from_blobs`.
+
+    Raises:
+        TooManyCiphertexts: more than ``max_count`` ciphertexts (HTTP 413).
+        MalformedCiphertext: garbage, a bad checksum, or inconsistent lengths or count.
+    """
     _, header, payload = unpack(data, CIPHERTEXTS_MAGIC, (CIPHERTEXTS_VERSION,), MalformedCiphertext, "ciphertexts")
     check_fields(header, ("count", "lengths"), MalformedCiphertext, "ciphertexts")
     lengths = header["lengths"]
@@ -215,6 +233,16 @@ def ciphertexts_from_bytes(params: CkksParameters, data: bytes, *, max_count: in
     blobs = split_sections(payload, lengths, MalformedCiphertext, "ciphertexts")
     if header["count"] != len(blobs):
         raise MalformedCiphertext(f"ciphertexts.count: expected {len(blobs)}, received {header['count']!r}")
+    return blobs
+
+
+def ciphertexts_from_blobs(params: CkksParameters, blobs: Sequence[bytes], *, fresh: bool = False
+                           ) -> list[sa.Ciphertext]:
+    """Parse the :func:`ciphertext_blobs` of a container and check each ciphertext as :func:`ciphertexts_from_bytes`.
+
+    Raises:
+        MalformedCiphertext: a blob that is not a ciphertext for ``params`` or fails a check (named by its index).
+    """
     context, out = params.seal_context(), []
     for i, blob in enumerate(blobs):
         try:
