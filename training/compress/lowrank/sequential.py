@@ -29,9 +29,19 @@ from torch import nn
 
 from ..calibration import Calibration
 from ..recipe import find_blocks, select_modules
-from . import solvers
 from .config import SAESConfig, SVDConfig, SVDLLMConfig
 from .layer import FactorizedLinear, replace_module, weight_params
+from .solvers import (
+    aces_beta_closed_form,
+    aces_beta_exact,
+    cealc_target,
+    cholesky_ridge,
+    plain_svd,
+    rank_for_ratio,
+    retained_energy,
+    svd_llm,
+    whitened,
+)
 
 
 class _Stop(Exception):
@@ -151,29 +161,29 @@ def factorise(method: str, config: SVDConfig, layer: nn.Linear, st: dict[str, to
     """One Linear -> (FactorizedLinear, extra log fields) by ``method``."""
     w = layer.weight.detach().double()
     m, n = w.shape
-    rank = solvers.rank_for_ratio(m, n, config.ratio)
+    rank = rank_for_ratio(m, n, config.ratio)
     extra: dict[str, Any] = {"rank": rank}
     if method == "svd":
-        a, b = solvers.plain_svd(w, rank)
+        a, b = plain_svd(w, rank)
     elif method == "svd_llm":
         assert isinstance(config, SVDLLMConfig) and st is not None
-        a, b = solvers.svd_llm(w, st["hf"], rank, config.ridge)
+        a, b = svd_llm(w, st["hf"], rank, config.ridge)
     else:
         assert isinstance(config, SAESConfig) and st is not None
-        chol, lam = solvers.cholesky_ridge(st["h"], config.ridge)
-        g0, gd = solvers.cealc_target(w, st["h"] + lam * torch.eye(n, dtype=w.dtype), st["delta"], chol)
+        chol, lam = cholesky_ridge(st["h"], config.ridge)
+        g0, gd = cealc_target(w, st["h"] + lam * torch.eye(n, dtype=w.dtype), st["delta"], chol)
         lo, hi = config.beta_min, config.beta_max
         if config.beta is not None:
             beta = config.beta
         elif config.aces == "exact":
-            beta = solvers.aces_beta_exact(g0, gd, rank, lo, hi)
+            beta = aces_beta_exact(g0, gd, rank, lo, hi)
         else:
-            beta = solvers.aces_beta_closed_form(g0, gd, rank, lo, hi, config.beta_shrink)
-        a, b, _ = solvers.whitened(w, g0 + beta * gd, chol, rank)
-        extra.update(beta=beta, rho=solvers.retained_energy(g0 + beta * gd, rank))
+            beta = aces_beta_closed_form(g0, gd, rank, lo, hi, config.beta_shrink)
+        a, b, _ = whitened(w, g0 + beta * gd, chol, rank)
+        extra.update(beta=beta, rho=retained_energy(g0 + beta * gd, rank))
         if config.aces_check:
-            exact = solvers.aces_beta_exact(g0, gd, rank, lo, hi)
-            extra.update(beta_exact=exact, rho_exact=solvers.retained_energy(g0 + exact * gd, rank))
+            exact = aces_beta_exact(g0, gd, rank, lo, hi)
+            extra.update(beta_exact=exact, rho_exact=retained_energy(g0 + exact * gd, rank))
     bias = None if layer.bias is None else layer.bias.detach()
     new = FactorizedLinear.from_factors(a, b, bias, dtype=layer.weight.dtype).to(layer.weight.device)
     return new, extra
