@@ -93,6 +93,8 @@ class ModelConfig(Config):
                                    "stem only (3 levels fewer per conv)")
     head: Literal["gap", "flatten"] = field("gap", "cnn: global average pool or flatten the last feature map before "
                                                    "the classifier")
+    zero_init_residual: bool = field(False, "resnet: start each block's last conv at zero, so every block starts as "
+                                            "its shortcut (Goyal et al. 2017; torchvision's zero_init_residual)")
     norm: PolyNormConfig = field(None, "PolyNorm settings")  # type: ignore[arg-type]
     act: PolyActConfig = field(None, "PolyAct settings")  # type: ignore[arg-type]
 

@@ -165,6 +165,11 @@ class PolyResNet(nn.Module):
         self.stages = nn.Sequential(*stages)
         self.head = nn.Sequential(make_norm(config, 4 * w, "channels"), make_act(config, 4 * w, 1),
                                   nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, config.num_classes))
+        if config.zero_init_residual:
+            for block in self.modules():
+                if isinstance(block, PreActBlock):
+                    nn.init.zeros_(block.conv2.weight)
+                    nn.init.zeros_(block.conv2.bias)
 
     def forward(self, x):  # (B, C, H, W) -> (B, classes)
         return self.head(self.stages(self.stem(x)))  # stages: (B, w, H, W) -> (B, 4w, H/4, W/4)

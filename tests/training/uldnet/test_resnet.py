@@ -125,3 +125,22 @@ def test_warmup_records_relative_variances_for_the_warmup_penalty() -> None:
     model.train()
     model(torch.randn(4, *SHAPE))
     assert variance_penalty(model, 0.0, 0.1) is not None  # TrainConfig.warmup_penalty applies it during warm-up
+
+
+@pytest.mark.parametrize("baseline", [False, True])
+def test_zero_init_residual_starts_every_block_as_its_shortcut(baseline: bool) -> None:
+    from veil.training.uldnet.models import PreActBlock
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="resnet", input_shape=SHAPE, width=4, depth=2, baseline=baseline,
+                                    num_classes=7, zero_init_residual=True)).train()
+    blocks = [m for m in model.modules() if isinstance(m, PreActBlock)]
+    assert len(blocks) == 6
+    x = torch.randn(3, 4, 8, 8)
+    for block in blocks[:2]:  # the identity-shortcut blocks of stage 1: the block is the identity at init
+        torch.testing.assert_close(block(x), x, rtol=0, atol=0)
+    out = model(torch.randn(3, *SHAPE))
+    out.sum().backward()  # the zeroed convs still learn: their kernels get a gradient
+    assert all(b.conv2.weight.grad.abs().sum() > 0 for b in blocks)
+    plain = build_model(ModelConfig(arch="resnet", input_shape=SHAPE, width=4, depth=2, baseline=baseline, num_classes=7))
+    assert all(b.conv2.weight.abs().sum() > 0 for b in plain.modules() if isinstance(b, PreActBlock))
