@@ -109,3 +109,55 @@ print(os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"))
                             "from transformers.utils import logging; print(logging.is_progress_bar_enabled())"],
                            capture_output=True, env=env, check=True)
     assert fresh.stdout.split()[-1] == b"False"  # set before transformers' import reads it
+
+
+def test_a_running_stage_writes_a_heartbeat_line_and_leaves_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`veil export he --refresh`'s minutes-long compile sat silent in a log: a stage wrote only its end line."""
+    import threading
+    import time
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.setenv("VEIL_PROGRESS_SECONDS", "0.05")
+    threads, log = threading.active_count(), io.StringIO()
+    with stage("compile", file=log) as info:
+        time.sleep(0.3)
+        info["ops"] = 3
+    lines = log.getvalue().splitlines()
+    beats = [line for line in lines if line.startswith("compile: running, ") and line.endswith(" s so far")]
+    assert len(beats) >= 2 and len(beats) == len(lines) - 1
+    assert lines[-1].startswith("compile: done in ") and lines[-1].endswith(", ops=3")
+    assert threading.active_count() == threads
+
+    quiet = io.StringIO()
+    with stage("compile", file=quiet, enabled=False):
+        assert threading.active_count() == threads  # no thread when progress is off
+        time.sleep(0.15)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    with stage("compile", file=quiet):
+        time.sleep(0.15)
+    assert quiet.getvalue() == "" and threading.active_count() == threads
+
+
+def test_a_failing_stage_stops_its_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.setenv("VEIL_PROGRESS_SECONDS", "0.05")
+    threads, log = threading.active_count(), io.StringIO()
+    with pytest.raises(RuntimeError, match="compile failed"), stage("compile", file=log):
+        time.sleep(0.12)
+        raise RuntimeError("compile failed")
+    written = log.getvalue()
+    time.sleep(0.15)
+    assert threading.active_count() == threads and log.getvalue() == written  # nothing after the stage
+    assert "compile: running, " in written and "done" not in written
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
+def test_a_bad_progress_interval_names_the_variable(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.setenv("VEIL_PROGRESS_SECONDS", value)
+    expected = f"VEIL_PROGRESS_SECONDS: expected a number of seconds >= 0, got '{value}'"
+    with pytest.raises(ValueError, match=expected), stage("compile", file=io.StringIO()):
+        pass

@@ -3,8 +3,8 @@
 Every long step in veil reports through :func:`progress` (a loop or a count) or :func:`stage` (one step without
 iterations: an HE compile, a key upload). On a terminal (the stream's ``isatty()``) it is a tqdm bar; in a log,
 a pipe or CI it writes one plain line when the stage ends (and one every ``VEIL_PROGRESS_SECONDS``, default 30,
-while a long stage runs), never a ``\\r``. ``TQDM_DISABLE=1`` (tqdm's own variable) silences both, as does the
-caller's ``enabled=False`` (``--no-progress``).
+while a long stage runs: a loop at its next iteration, a :func:`stage` from a heartbeat thread), never a ``\\r``.
+``TQDM_DISABLE=1`` (tqdm's own variable) silences both, as does the caller's ``enabled=False`` (``--no-progress``).
 
 Example:
     >>> from veil.progress import progress
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -27,6 +28,25 @@ _UNSET = ("", "0", "false", "no", "off")  # any other value of TQDM_DISABLE disa
 def progress_enabled(enabled: bool = True) -> bool:
     """Whether progress is shown at all: the caller's flag and ``TQDM_DISABLE`` unset (or 0/false/no/off)."""
     return enabled and os.environ.get("TQDM_DISABLE", "").strip().lower() in _UNSET
+
+
+_MIN_HEARTBEAT = 0.01  # seconds; VEIL_PROGRESS_SECONDS=0 (a loop's line at every step) must not spin a stage's thread
+
+
+def progress_seconds() -> float:
+    """``VEIL_PROGRESS_SECONDS`` (default 30): how often a running stage repeats its line in a log.
+
+    Raises:
+        ValueError: the variable is not a finite number of seconds >= 0 (its name, the expected and the received value).
+    """
+    raw = os.environ.get("VEIL_PROGRESS_SECONDS", "30")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"VEIL_PROGRESS_SECONDS: expected a number of seconds >= 0, got {raw!r}")
+    return seconds
 
 
 def _is_terminal(stream: IO[str]) -> bool:
@@ -45,7 +65,7 @@ class LineProgress:
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self.total, self.n, self.postfix, self.closed = total, 0, "", False
-        self.every = float(os.environ.get("VEIL_PROGRESS_SECONDS", "30")) if every is None else every
+        self.every = progress_seconds() if every is None else every
         self.start = self.last = time.perf_counter()
 
     def __iter__(self) -> Iterator:
@@ -125,16 +145,35 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
 def stage(desc: str, *, enabled: bool = True, file: IO[str] | None = None) -> Iterator[dict[str, Any]]:
     """One line when a step without iterations ends: ``desc: done in 12.3 s[, what the step put in the dict]``.
 
+    While the step runs, a daemon thread writes ``desc: running, 30.0 s so far`` every ``VEIL_PROGRESS_SECONDS``
+    (default 30), so a minutes-long HE compile is not silent in a log. The thread ends with the step, also when
+    the step raises (then there is no "done" line). Disabled progress writes nothing and starts no thread.
+
     Example:
         >>> with stage("compile", enabled=False) as info:
         ...     info["ops"] = 12
     """
     info: dict[str, Any] = {}
     start = time.perf_counter()
-    yield info
-    if progress_enabled(enabled):
-        tail = "".join(f", {k}={v}" for k, v in info.items())
-        print(f"{desc}: done in {time.perf_counter() - start:.1f} s{tail}", file=file or sys.stderr, flush=True)
+    if not progress_enabled(enabled):
+        yield info
+        return
+    stream = file or sys.stderr
+    every, stop = max(progress_seconds(), _MIN_HEARTBEAT), threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(every):
+            print(f"{desc}: running, {time.perf_counter() - start:.1f} s so far", file=stream, flush=True)
+
+    beat = threading.Thread(target=heartbeat, name=f"veil-progress {desc}", daemon=True)
+    beat.start()
+    try:
+        yield info
+    finally:
+        stop.set()
+        beat.join()  # before the "done" line, so a heartbeat never lands after it
+    tail = "".join(f", {k}={v}" for k, v in info.items())
+    print(f"{desc}: done in {time.perf_counter() - start:.1f} s{tail}", file=stream, flush=True)
 
 
 def quiet_library_bars(stream: IO[str] | None = None) -> bool:
