@@ -98,6 +98,12 @@ class AdapterCache:
                     "hits": self.hits, "misses": self.misses, "evictions": self.evictions}
 
 
+def is_adapter_model(model_dir: Path) -> bool:
+    """Whether the model folder holds ``adapters/*.onnx_adapter`` files (served with an :class:`AdapterCache`)."""
+    folder = model_dir / "adapters"
+    return folder.is_dir() and any(folder.glob(f"*{SUFFIX}"))
+
+
 def load_adapters(model_dir: Path, parameters: dict[str, str], metrics: Metrics, name: str,
                   version: str) -> AdapterCache | None:
     """The model's AdapterCache, or None when ``<model>/adapters/`` holds no ``.onnx_adapter`` file.
@@ -105,9 +111,9 @@ def load_adapters(model_dir: Path, parameters: dict[str, str], metrics: Metrics,
     Raises:
         ModelLoadFailed: ``adapter_cache_size`` is not an integer >= 1.
     """
-    folder = model_dir / "adapters"
-    if not folder.is_dir() or not any(folder.glob(f"*{SUFFIX}")):
+    if not is_adapter_model(model_dir):
         return None
+    folder = model_dir / "adapters"
     raw = parameters.get("adapter_cache_size", str(DEFAULT_CACHE_SIZE))
     if not raw.isdigit() or int(raw) < 1:
         raise ModelLoadFailed(f"model '{name}': parameters adapter_cache_size expected an integer >= 1, received {raw!r}")

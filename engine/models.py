@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import AdapterCache, AdapterScheduler, load_adapters
+from .adapters import AdapterCache, AdapterScheduler, is_adapter_model, load_adapters
 from .batcher import Scheduler
 from .errors import DatatypeMismatch, MissingInput, ModelLoadFailed, ShapeMismatch, UnknownInput
 from .metrics import Metrics, ModelMetrics
 from .protocol import InputTensor
 from .repository import PbtxtConfig, TensorConfig
-from .runtime import TRITON_GRAPH_LEVELS, RuntimeOptions, Session, providers_for
+from .runtime import TRITON_GRAPH_LEVELS, RuntimeOptions, Session, ort_log_severity, providers_for
 
 logger = logging.getLogger("veil.engine")
 
@@ -61,7 +61,11 @@ class OnnxModel:
                                   f"{list(TRITON_GRAPH_LEVELS)}, received {cfg.graph_level}")
         providers = self.defaults.providers if cfg.instance_kind == "KIND_AUTO" and self.defaults.providers \
             else providers_for(cfg.instance_kind)
-        return RuntimeOptions(providers, intra, inter, level, self.defaults.io_binding)
+        try:  # an adapter model's zero-default LoRA inputs make ORT warn once per input at every session
+            severity = ort_log_severity(is_adapter_model(self.path.parent.parent))
+        except ValueError as exc:
+            raise ModelLoadFailed(f"model '{self.name}': {exc}") from None
+        return RuntimeOptions(providers, intra, inter, level, self.defaults.io_binding, log_severity=severity)
 
     def load(self, metrics: Metrics) -> None:
         """Create the session, complete and check the config against the graph, warm up; then ready.

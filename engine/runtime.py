@@ -29,6 +29,8 @@ GRAPH_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 # config.pbtxt `optimization { graph { level } }`, as Triton's onnxruntime backend reads it
 TRITON_GRAPH_LEVELS = {-1: "basic", 0: "all", 1: "extended"}
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
+ORT_LOG_ENV = "VEIL_ORT_LOG_SEVERITY"  # ONNX Runtime's own scale: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
+ORT_DEFAULT, ORT_ERROR = -1, 3  # -1: the session follows ORT's default logger (warnings and above)
 
 
 def physical_cores(cpuinfo: str = "/proc/cpuinfo") -> int:
@@ -51,6 +53,26 @@ def physical_cores(cpuinfo: str = "/proc/cpuinfo") -> int:
     return len(cores) or os.cpu_count() or 1
 
 
+def ort_log_severity(expected_warnings: bool) -> int:
+    """The session's ``SessionOptions.log_severity_level``: ``VEIL_ORT_LOG_SEVERITY`` where it is set, else errors
+    only for a model whose ORT warnings are expected by design, else ORT's default (warnings).
+
+    An adapter model's LoRA (``lora.*.A``/``.B``) and head (``head.weight``/``.bias``) graph inputs have zero or
+    empty initializers as their defaults, so the base runs without them; ORT warns once per such input ("Initializer
+    ... appears in graph inputs and will not be treated as constant value/weight") at every session it creates.
+
+    Raises:
+        ValueError: ``VEIL_ORT_LOG_SEVERITY`` is not one of 0..4 (naming it, the expected and the received value).
+    """
+    raw = os.environ.get(ORT_LOG_ENV, "").strip()
+    if raw:
+        if raw not in ("0", "1", "2", "3", "4"):
+            raise ValueError(f"{ORT_LOG_ENV}: expected one of 0 (verbose), 1 (info), 2 (warning), 3 (error), "
+                             f"4 (fatal), received {raw!r}")
+        return int(raw)
+    return ORT_ERROR if expected_warnings else ORT_DEFAULT
+
+
 def providers_for(kind: str) -> list[str]:
     """The provider list for a Triton ``instance_group.kind`` (KIND_AUTO: CUDA when this ORT build has it)."""
     if kind == "KIND_GPU" or (kind == "KIND_AUTO" and CUDA in ort.get_available_providers()):
@@ -69,6 +91,7 @@ class RuntimeOptions:
     io_binding: bool | None = None  # None: on exactly when the CUDA EP is active
     he_processes: int = 1  # HE models: processes per request (veil.he.parallel); 0: every core, 1: serial
     he_encoded_bytes: int | None = None  # HE models: masks encoded at load, bytes per model (None: he.evaluate's)
+    log_severity: int = ORT_DEFAULT  # ORT's SessionOptions.log_severity_level (see ort_log_severity)
 
 
 class Session:
@@ -82,6 +105,7 @@ class Session:
     def __init__(self, path: Path, options: RuntimeOptions) -> None:
         so = ort.SessionOptions()
         so.graph_optimization_level = GRAPH_LEVELS[options.graph_level]
+        so.log_severity_level = options.log_severity
         so.intra_op_num_threads = options.intra_op_threads or physical_cores()
         if options.inter_op_threads:
             so.inter_op_num_threads = options.inter_op_threads
