@@ -45,7 +45,7 @@ from veil.progress import progress as progress_bar
 from .config import ModelConfig, TrainConfig
 from .data import Splits
 from .polynorm import PolyNorm, clear_variances, set_warmup, variance_penalty
-from .trainer import _param_groups, random_shift, seeded_model
+from .trainer import _param_groups, augment_batch, seeded_model
 
 
 @dataclass
@@ -174,7 +174,7 @@ def lr_range_test(model_config: ModelConfig, train_config: TrainConfig, data: Sp
             group["lr"] = float(lr)
         xb, yb = next(batches)
         if augment:
-            xb = random_shift(xb, generator)
+            xb = augment_batch(xb, generator, cfg.flip_rotate)
         loss = F.cross_entropy(model(xb), yb, label_smoothing=cfg.label_smoothing)
         penalty = variance_penalty(model, cfg.lambda1, cfg.lambda2) if polynomial else None
         if penalty is not None:

@@ -52,6 +52,25 @@ def random_shift(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (B, C, H, W)
 
 
+def random_flip_rotate(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Flip each square image of (B, C, H, W) left-right at random and turn it by a random multiple of 90 degrees."""
+    b, _, h, w = x.shape
+    if h != w:
+        raise ValueError(f"TrainConfig.flip_rotate: expected square images, received {h}x{w}")
+    turns, flips = torch.randint(0, 4, (b,), generator=generator), torch.randint(0, 2, (b,), generator=generator)
+    out = torch.where(flips.bool()[:, None, None, None], x.flip(3), x)
+    for k in (1, 2, 3):
+        chosen = turns == k
+        out[chosen] = torch.rot90(out[chosen], k, dims=(2, 3))
+    return out
+
+
+def augment_batch(x: torch.Tensor, generator: torch.Generator, flip_rotate: bool) -> torch.Tensor:
+    """The training augmentation of an image batch: +-1 pixel shifts, then (optionally) flips and 90-degree turns."""
+    x = random_shift(x, generator)
+    return random_flip_rotate(x, generator) if flip_rotate else x
+
+
 @torch.no_grad()
 def predict(model: nn.Module, x: np.ndarray | torch.Tensor, batch_size: int = 512) -> np.ndarray:
     """Class predictions of ``model`` in eval mode."""
@@ -118,7 +137,7 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
         loss_sum = 0.0
         for i in range(0, len(order), cfg.batch_size):
             idx = order[i:i + cfg.batch_size]
-            xb = random_shift(x_train[idx], generator) if augment else x_train[idx]
+            xb = augment_batch(x_train[idx], generator, cfg.flip_rotate) if augment else x_train[idx]
             part, local = distributed.batch_rows(len(idx))  # every rank drew the same global batch: its slice
             loss = F.cross_entropy(net(xb[part]), y_train[idx][part], label_smoothing=cfg.label_smoothing)
             penalty = None if warm and not cfg.warmup_penalty else variance_penalty(model, cfg.lambda1, cfg.lambda2)

@@ -18,7 +18,7 @@ from veil.training.uldnet import (
     save_uldnet,
     train_uldnet,
 )
-from veil.training.uldnet.trainer import random_shift
+from veil.training.uldnet.trainer import random_flip_rotate, random_shift
 
 FAST = TrainConfig(epochs=3, warmup_epochs=1, batch_size=32, lr=3e-3)
 
@@ -131,6 +131,24 @@ def test_random_shift_moves_images_by_at_most_one_pixel() -> None:
     positions = {tuple(torch.nonzero(img[0]).squeeze(0).tolist()) for img in shifted}
     assert positions == {(r, c) for r in (1, 2, 3) for c in (1, 2, 3)}
     assert torch.equal(shifted.sum(dim=(1, 2, 3)), torch.ones(64))
+
+
+def test_random_flip_rotate_applies_one_of_the_eight_symmetries_per_image() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(256, 2, 5, 5)
+    before = x.clone()
+    out = random_flip_rotate(x, torch.Generator().manual_seed(1))
+    symmetries = lambda img: [torch.rot90(v, k, dims=(1, 2)) for v in (img, img.flip(2)) for k in range(4)]  # noqa: E731
+    seen = set()
+    for img, aug in zip(x, out, strict=True):
+        matches = [i for i, s in enumerate(symmetries(img)) if torch.equal(s, aug)]
+        assert len(matches) == 1  # a random image has 8 distinct symmetries: exactly one was applied
+        seen.add(matches[0])
+    assert seen == set(range(8))  # every flip x turn is drawn
+    assert torch.equal(out, random_flip_rotate(x, torch.Generator().manual_seed(1)))  # seeded
+    assert torch.equal(x, before)  # the input is left alone
+    with pytest.raises(ValueError, match="flip_rotate: expected square images, received 4x5"):
+        random_flip_rotate(torch.zeros(2, 1, 4, 5), torch.Generator())
 
 
 @pytest.mark.slow
