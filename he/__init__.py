@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from veil.he.envelope import Envelope, open_envelope, seal_envelope
 from veil.he.errors import (
+    CompileError,
     EnvelopeError,
     EvaluationFailed,
     ExpiredKey,
@@ -40,16 +41,15 @@ from veil.he.params import CkksParameters, describe, select_parameters
 from veil.he.serialize import ciphertexts_from_bytes, ciphertexts_to_bytes
 
 if TYPE_CHECKING:
-    from veil.he.compiler import CompileError, compile
+    from veil.he.compiler import compile
     from veil.he.evaluate import PlanEvaluator
     from veil.he.plan import Plan
     from veil.he.rounds import RoundError
     from veil.he.segments import SegmentedPlan, compile_segmented
 
 # model-side names -> the module that holds them, imported when first asked for
-_LAZY = {"CompileError": "veil.he.compiler", "compile": "veil.he.compiler", "PlanEvaluator": "veil.he.evaluate",
-         "Plan": "veil.he.plan", "RoundError": "veil.he.rounds", "SegmentedPlan": "veil.he.segments",
-         "compile_segmented": "veil.he.segments"}
+_LAZY = {"compile": "veil.he.compiler", "PlanEvaluator": "veil.he.evaluate", "Plan": "veil.he.plan",
+         "RoundError": "veil.he.rounds", "SegmentedPlan": "veil.he.segments", "compile_segmented": "veil.he.segments"}
 
 __all__ = [
     "CkksParameters",

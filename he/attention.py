@@ -16,7 +16,7 @@ H·N·hd² features per sample; the per-head qkv projection folds into the first
 from __future__ import annotations
 
 import numpy as np
-from veil.he.compiler import CompileError
+from veil.he.errors import CompileError
 from veil.he.lowering import Affine, Builder
 
 

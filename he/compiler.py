@@ -25,16 +25,12 @@ import onnx
 import scipy.sparse as sp
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from veil.he.errors import HEError, ParameterError
+from veil.he.attention import lower_linear_attention
+from veil.he.errors import CompileError, ParameterError  # CompileError: still importable from here
 from veil.he.latency import pack_latency
 from veil.he.lowering import Affine, Builder, identity, sparse
 from veil.he.packing import key_manifest, next_pow2, parse_key_mode, rotation_counts, rotation_uses
 from veil.he.plan import FORMAT, Mode, Plan
-
-
-class CompileError(HEError):
-    """An ONNX graph the HE compiler cannot lower (a non-polynomial op, an unsupported layout). HTTP 400."""
-
 
 AFFINE_OPS = {"Gemm", "MatMul", "Conv", "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Transpose",
               "Squeeze", "Unsqueeze", "Identity", "Add", "Sub", "Mul", "Div", "Neg", "Pad", "ReduceMean",
@@ -292,8 +288,6 @@ def _lower_veil(node: onnx.NodeProto, name: str, tensors: dict[str, Any], consts
                 builder: Builder) -> Any:
     if node.op_type == "LinearAttention" and all(i in tensors for i in node.input[:3]) \
             and not any(i in tensors for i in node.input[3:]):
-        from veil.he.attention import lower_linear_attention
-
         q, k, v = (tensors[i] for i in node.input[:3])
         return lower_linear_attention(builder, q, k, v, consts[node.input[3]], consts[node.input[4]], name)
     x = tensors[node.input[0]]

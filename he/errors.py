@@ -74,6 +74,14 @@ class TooManyCiphertexts(HEError):
     status_code = 413
 
 
+class CompileError(HEError):
+    """An ONNX graph the HE compiler cannot lower (a non-polynomial op, an unsupported layout). HTTP 400.
+
+    Raised by the compiler (:mod:`veil.he.compiler`) and the lowerings it calls (:mod:`veil.he.latency`,
+    :mod:`veil.he.attention`); it lives here so they need not import the compiler back.
+    """
+
+
 class EvaluationFailed(HEError):
     """SEAL refused to evaluate ciphertexts that passed every check (the client's ciphertexts). HTTP 400."""
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from veil.he.errors import CompileError
 from veil.he.layout import (
     MAX_SLOTS,
     PRODUCTS_PER_ROTATION,
@@ -48,8 +49,6 @@ def pack_latency(builder, in_value: str) -> dict[str, Any]:
         {"ops", "values", "tensors", "period", "window"}: ops with masked diagonals and block vectors,
         values with their positions (and grids), the block size D and the broadcast window E (0: none).
     """
-    from veil.he.compiler import CompileError
-
     values, ops = builder.values, builder.ops
     wide = {v for v, info in values.items() if info["features"] > 1}
     groups = _Groups()
@@ -90,8 +89,6 @@ def pack_latency(builder, in_value: str) -> dict[str, Any]:
 
 def _clean_outputs(ops: list[dict[str, Any]], wide: set[str], producer: dict[str, Any]) -> set[str]:
     """Linear outputs that must be exactly zero outside their positions: every value a sum of squares reads."""
-    from veil.he.compiler import CompileError
-
     need, stack = set(), [op["inputs"][0] for op in ops if op["op"] == "sumsq"]
     while stack:
         v = stack.pop()
