@@ -24,6 +24,7 @@ from typing import Any
 
 import tenseal.sealapi as sa
 from veil.he.errors import ParameterError, SecurityError
+from veil.he.sealbytes import seal_to_bytes
 
 # N -> max log2 Q at 128-bit classical security (HE standard; SEAL CoeffModulus::MaxBitCount).
 MAX_LOG_Q_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
@@ -210,8 +211,6 @@ def select_parameters(levels: int, precision_bits: int = 20, min_slots: int = 0,
 @functools.lru_cache(maxsize=64)  # the segment search's cost model asks for every candidate's set (~1 s at N=32768)
 def measured_sizes(params: CkksParameters) -> dict[str, int]:
     """Serialized sizes of one seeded key-switching key and of ciphertexts, from throwaway keys."""
-    from veil.he.serialize import seal_to_bytes  # serialize imports this module
-
     ctx = params.seal_context()
     keygen = sa.KeyGenerator(ctx)
     encryptor = sa.Encryptor(ctx, keygen.secret_key())

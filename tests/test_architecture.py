@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "onnx", "onnxscript", "onnxruntime", "safetensors", "transformers", "sklearn", "fastapi")
 CLIENT_MODULES = ("veil", "veil.cli", "veil.config", "veil.atomic", "veil.lazy", "veil.registry", "veil.he",
                   "veil.he.client", "veil.he.keys", "veil.he.galois", "veil.he.envelope", "veil.he.serialize",
-                  "veil.he.params", "veil.he.plan", "veil.he.keystore", "veil.he.errors", "veil.he.contract",
-                  "veil.he.cli", "veil.pave")
+                  "veil.he.sealbytes", "veil.he.params", "veil.he.plan", "veil.he.keystore", "veil.he.errors",
+                  "veil.he.contract", "veil.he.cli", "veil.pave")
 CLIENT_PACKAGES = {"numpy", "tenseal", "cryptography"}
 
 

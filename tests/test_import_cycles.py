@@ -119,6 +119,23 @@ def test_training_has_no_import_circle() -> None:
     assert "veil.training.compress.lowrank" not in graph["veil.training.compress.lowrank.sequential"]
 
 
+def test_he_has_no_import_circle() -> None:
+    """Two circles were left in he/ (issue 32): compiler -> latency / attention imported CompileError back from the
+    compiler, and params' measured sizes imported seal_to_bytes from serialize, which imports params. CompileError
+    now lives in he/errors.py with every other refusal, and SEAL objects <-> bytes in he/sealbytes.py (it needs no
+    parameter set); both stay importable from where they were."""
+    graph = import_graph()
+    he = {m: deps for m, deps in graph.items() if m.startswith("veil.he")}
+    assert circles(he) == []
+    assert "veil.he.compiler" not in graph["veil.he.attention"] | graph["veil.he.latency"]
+    assert "veil.he.serialize" not in graph["veil.he.params"]
+    import veil.he
+    from veil.he import compiler, errors, sealbytes, serialize
+
+    assert compiler.CompileError is errors.CompileError is veil.he.CompileError
+    assert (serialize.seal_to_bytes, serialize.seal_from_bytes) == (sealbytes.seal_to_bytes, sealbytes.seal_from_bytes)
+
+
 def test_the_circle_finder_sees_lazy_imports_and_skips_type_checking_ones() -> None:
     source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n"
               "def f():\n    from .c import g\n")

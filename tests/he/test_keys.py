@@ -181,13 +181,13 @@ def test_keyring_save_and_load_never_create_a_named_scratch_file(ring: SecretKey
     # before: the secret key was written to a file in /dev/shm (a kill there left a loadable secret key)
     import types
 
-    from veil.he import serialize
+    from veil.he import sealbytes
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a named scratch file was created for a SEAL object")
 
-    monkeypatch.setattr(serialize, "tempfile", types.SimpleNamespace(mkstemp=refuse, mkdtemp=refuse))
-    monkeypatch.setattr(serialize, "_tmp_dir", None)
+    monkeypatch.setattr(sealbytes, "tempfile", types.SimpleNamespace(mkstemp=refuse, mkdtemp=refuse))
+    monkeypatch.setattr(sealbytes, "_tmp_dir", None)
     path = tmp_path / "client.veilkey"
     ring.save(path)
     loaded = SecretKeyring.load(path)
