@@ -140,9 +140,9 @@ def markdown(results: dict, summary: dict, command: str) -> str:
         lines.append(f"| {name} | {100 * m['test_accuracy']:.2f} | {100 * m['val_accuracy']:.2f} | "
                      f"{'not polynomial' if depth is None else depth} | {m.get('parameters', '-')} | {epochs} | {lr} | "
                      f"{wall} | {m['cpu_seconds']} |")
-    lines += ["", f"PolyResNet-20 vs its ReLU+BN twin: {summary['resnet_gap']:+.2f} pts; PolyViT vs its LN+GELU twin: "
-                  f"{summary['vit_gap']:+.2f} pts; over logistic regression: {summary['resnet_over_logreg']:+.2f} / "
-                  f"{summary['vit_over_logreg']:+.2f} pts.",
+    lines += ["", f"Twin minus polynomial net (test accuracy): ResNet-20 {summary['resnet_gap']:+.2f} pts, ViT "
+                  f"{summary['vit_gap']:+.2f} pts; polynomial net minus logistic regression: "
+                  f"{summary['resnet_over_logreg']:+.2f} (ResNet) / {summary['vit_over_logreg']:+.2f} (ViT) pts.",
               f"The PolyResNet-20 row is the default command `{models['resnet']['command']}`, process start to "
               f"checkpoint: {models['resnet']['wall_seconds']} s wall.", "", "| target | met |", "|---|---|"]
     lines += [f"| {t} | {'yes' if ok else '**missed**'} |" for t, ok in summary["targets"].items()]
