@@ -45,6 +45,26 @@ def test_uldnet_digits_benchmark_smoke(load_benchmark, tmp_path) -> None:
     assert (tmp_path / "results.md").read_text().count("<!-- uldnet_digits:begin -->") == 1
 
 
+def test_uldnet_ablation_swaps_exactly_the_named_layers(load_benchmark) -> None:
+    import torch
+    from torch import nn
+    from veil.training.uldnet import ModelConfig
+    from veil.training.uldnet.polyact import PolyAct
+    from veil.training.uldnet.polynorm import PolyNorm
+
+    module = load_benchmark("uldnet_ablation")
+    config = ModelConfig(arch="resnet", input_shape=[3, 32, 32], width=4, depth=1, num_classes=5)
+    count = lambda m, t: sum(isinstance(x, t) for x in m.modules())  # noqa: E731
+    poly = module.swapped(config, batchnorm=False, relu=False)
+    norms, acts = count(poly, PolyNorm), count(poly, PolyAct)
+    assert norms == acts == 7  # 3 blocks x 2 + the head's
+    for batchnorm, relu in module.VARIANTS.values():
+        model = module.swapped(config, batchnorm=batchnorm, relu=relu)
+        assert (count(model, PolyNorm), count(model, nn.BatchNorm2d)) == ((0, norms) if batchnorm else (norms, 0))
+        assert (count(model, PolyAct), count(model, nn.ReLU)) == ((0, acts) if relu else (acts, 0))
+        assert model(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+
+
 @pytest.mark.slow
 def test_serve_http_benchmark_quick(load_benchmark, tmp_path) -> None:
     module = load_benchmark("serve_http")

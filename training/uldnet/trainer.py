@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,9 +96,10 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def seeded_model(model_config: ModelConfig, train_config: TrainConfig, data: Splits) -> tuple[nn.Module, torch.Generator]:
-    """The model ``model_config`` describes, checked against ``data`` and built under ``train_config``'s threads and
-    seed, with the batch-order generator of that seed (training and the lr range check start alike)."""
+def seeded_model(model_config: ModelConfig, train_config: TrainConfig, data: Splits,
+                 build: Callable[[ModelConfig], nn.Module] = build_model) -> tuple[nn.Module, torch.Generator]:
+    """The model ``model_config`` describes, checked against ``data`` and built by ``build`` under ``train_config``'s
+    threads and seed, with the batch-order generator of that seed (training and the lr range check start alike)."""
     if list(model_config.input_shape) != data.input_shape:
         raise ValueError(f"ModelConfig.input_shape: expected the data's sample shape {data.input_shape}, "
                          f"received {model_config.input_shape}")
@@ -108,13 +110,15 @@ def seeded_model(model_config: ModelConfig, train_config: TrainConfig, data: Spl
         torch.set_num_threads(train_config.threads)
     torch.manual_seed(train_config.seed)
     generator = torch.Generator().manual_seed(train_config.seed)
-    return build_model(model_config), generator
+    return build(model_config), generator
 
 
-def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Splits, progress: bool = True) -> TrainResult:
-    """Train the model ``model_config`` describes on ``data``; returns the best-validation model and metrics."""
+def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Splits, progress: bool = True,
+                 build: Callable[[ModelConfig], nn.Module] = build_model) -> TrainResult:
+    """Train the model ``model_config`` describes on ``data``; returns the best-validation model and metrics.
+    ``build`` constructs it (``build_model``; an ablation passes one that swaps layers)."""
     cfg = train_config
-    model, generator = seeded_model(model_config, cfg, data)
+    model, generator = seeded_model(model_config, cfg, data, build)
     net = distributed.wrap(model)  # DDP under torchrun (training/distributed.py), else the model itself
     polynomial = not model_config.baseline
     x_train, y_train = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
