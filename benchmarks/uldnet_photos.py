@@ -6,7 +6,7 @@ PolyResNet-20 is trained by the user's own command, `veil train uldnet --preset 
 child process, so its wall and CPU time are those of the default run; its checkpoint stays in
 --checkpoint. Writes docs/results/uldnet_photos.json and the uldnet_photos section of docs/results.md.
 
-    nice python benchmarks/uldnet_photos.py                          # the full run (about 25-35 min on 2 cores)
+    nice python benchmarks/uldnet_photos.py                          # the full run (about 19 min on 2 idle cores)
     python benchmarks/uldnet_photos.py --quick --out /tmp/b          # a smoke run (2 epochs each)
 """
 

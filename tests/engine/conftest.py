@@ -210,3 +210,17 @@ def write_lora_toy() -> Callable[[Path], None]:
     """``write_lora_toy(folder)`` writes the adapter model ``tiny`` (an affine graph, ORT LoRA inputs ``lora.A`` /
     ``lora.B``, one adapter ``t1``) into ``folder`` (the gRPC kinds and Ray tests serve it)."""
     return _write_lora_toy
+
+
+@pytest.fixture(scope="module")
+def tiny_he_repo(tmp_path_factory: pytest.TempPathFactory, tiny_polymlp) -> Path:
+    """The tiny PolyMLP (tests/conftest.py) as plain ONNX ("plain") and as a latency HE plan ("tiny-he"); one
+    repository per test module (servers write their key store into it)."""
+    from veil.export import export_uldnet
+    from veil.export.he import export_he
+
+    checkpoint, _ = tiny_polymlp
+    repo = tmp_path_factory.mktemp("tiny-he") / "repo"
+    export_uldnet(checkpoint, repo, name="plain")
+    export_he(checkpoint, repo, "tiny-he", mode="latency")
+    return repo

@@ -13,26 +13,15 @@ import onnxruntime as ort
 import pytest
 import tenseal.sealapi as sa
 from veil.engine.he_fanout import HeWorker
-from veil.export import export_uldnet
-from veil.export.he import export_he
 from veil.he import serialize
 from veil.he.client import HeSession
 from veil.he.envelope import open_envelope
 
 
 @pytest.fixture(scope="module")
-def he_repo(tmp_path_factory, tiny_polymlp):
-    checkpoint, _ = tiny_polymlp
-    repo = tmp_path_factory.mktemp("he-fanout") / "repo"
-    export_uldnet(checkpoint, repo, name="plain")
-    export_he(checkpoint, repo, "tiny-he", mode="latency")
-    return repo
-
-
-@pytest.fixture(scope="module")
-def served(he_repo, oip, tmp_path_factory):
+def served(tiny_he_repo, oip, tmp_path_factory):
     """(config, the served model, a client session with registered keys): one key generation for the module."""
-    config = oip.make_config(he_repo)
+    config = oip.make_config(tiny_he_repo)
     with oip.live_server(config) as (url, server):
         model = server.config.app.state.dataplane.get_model("tiny-he")
         session = HeSession.create(f"http://{url}", "tiny-he", tmp_path_factory.mktemp("keys") / "k.keyring")
@@ -71,7 +60,7 @@ def count_conversions(monkeypatch) -> dict[str, int]:
     return counts
 
 
-def test_fan_out_parses_each_ciphertext_once_per_process_and_serializes_it_once(he_repo, served,
+def test_fan_out_parses_each_ciphertext_once_per_process_and_serializes_it_once(tiny_he_repo, served,
                                                                                 monkeypatch) -> None:
     config, model, session = served
     model.fan_out = None
@@ -91,7 +80,7 @@ def test_fan_out_parses_each_ciphertext_once_per_process_and_serializes_it_once(
     assert open_envelope(fanned, expect_kind="result").meta["ciphertexts"] == 4
     assert open_envelope(fanned).payload == open_envelope(local).payload  # the same ciphertexts, bit for bit
     logits = session.decrypt(fanned)
-    expected = ort.InferenceSession(str(he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    expected = ort.InferenceSession(str(tiny_he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
     assert np.abs(logits - expected).max() < 1e-2
 
 

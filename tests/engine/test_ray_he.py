@@ -14,22 +14,10 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from veil.engine.he_fanout import WorkerPool  # noqa: E402
-from veil.export import export_uldnet  # noqa: E402
-from veil.export.he import export_he  # noqa: E402
 from veil.he.client import HeSession  # noqa: E402
 from veil.he.envelope import open_envelope  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module")
-def he_repo(tmp_path_factory, tiny_polymlp):
-    """The tiny PolyMLP (conftest) as plain ONNX and as a latency HE plan."""
-    checkpoint, _ = tiny_polymlp
-    repo = tmp_path_factory.mktemp("ray-he") / "repo"
-    export_uldnet(checkpoint, repo, name="plain")
-    export_he(checkpoint, repo, "tiny-he", mode="latency")
-    return repo
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +31,9 @@ def cluster():
         ray.shutdown()
 
 
-def test_a_multi_ciphertext_request_is_split_over_two_workers_and_matches_plaintext(he_repo, cluster, oip,
+def test_a_multi_ciphertext_request_is_split_over_two_workers_and_matches_plaintext(tiny_he_repo, cluster, oip,
                                                                                      tmp_path) -> None:
-    config = oip.make_config(he_repo)
+    config = oip.make_config(tiny_he_repo)
     with oip.live_server(config) as (url, server):
         model = server.config.app.state.dataplane.get_model("tiny-he")
         pool = WorkerPool(str(model.path.parent), config.to_dict(), workers=2, cpus=0.5)
@@ -56,7 +44,7 @@ def test_a_multi_ciphertext_request_is_split_over_two_workers_and_matches_plaint
         x = np.random.default_rng(1).normal(size=(3 * capacity + 1, 6)).astype(np.float32)  # 4 ciphertexts
         result = session.infer(session.encrypt(x))
         logits = session.decrypt(result)
-    expected = ort.InferenceSession(str(he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    expected = ort.InferenceSession(str(tiny_he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
     assert np.abs(logits - expected).max() < 1e-2 and np.array_equal(logits.argmax(1), expected.argmax(1))
     assert open_envelope(result, expect_kind="result").meta["ciphertexts"] == 4
     stats = pool.stats()
@@ -64,10 +52,10 @@ def test_a_multi_ciphertext_request_is_split_over_two_workers_and_matches_plaint
     assert len({s["pid"] for s in stats} | {os.getpid()}) == 3  # two worker processes besides this one
 
 
-def test_workers_the_cluster_cannot_place_never_hold_a_request(he_repo, cluster, oip, tmp_path) -> None:
+def test_workers_the_cluster_cannot_place_never_hold_a_request(tiny_he_repo, cluster, oip, tmp_path) -> None:
     """A pool asking for more CPUs than the cluster has stays unready and the server evaluates requests itself
     (before: ray.get waited for the pending actors and the request hung)."""
-    config = oip.make_config(he_repo)
+    config = oip.make_config(tiny_he_repo)
     with oip.live_server(config) as (url, server):
         model = server.config.app.state.dataplane.get_model("tiny-he")
         pool = WorkerPool(str(model.path.parent), config.to_dict(), workers=2, cpus=64)
@@ -78,15 +66,15 @@ def test_workers_the_cluster_cannot_place_never_hold_a_request(he_repo, cluster,
     assert not pool.ready and not pool.wait_ready(0.1)
     for worker in pool.workers:
         ray.kill(worker)
-    expected = ort.InferenceSession(str(he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    expected = ort.InferenceSession(str(tiny_he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
     assert np.abs(logits - expected).max() < 1e-2
 
 
-def test_a_worker_checks_the_key_owner_again(he_repo, cluster, oip, tmp_path) -> None:
+def test_a_worker_checks_the_key_owner_again(tiny_he_repo, cluster, oip, tmp_path) -> None:
     """The replica checked the secret; a worker called directly (any caller of the actor) checks it too."""
     from veil.he.errors import HEError
 
-    config = oip.make_config(he_repo)
+    config = oip.make_config(tiny_he_repo)
     with oip.live_server(config) as (url, server):
         model = server.config.app.state.dataplane.get_model("tiny-he")
         session = HeSession.create(f"http://{url}", "tiny-he", tmp_path / "k.keyring")
@@ -97,7 +85,7 @@ def test_a_worker_checks_the_key_owner_again(he_repo, cluster, oip, tmp_path) ->
     assert len(pool(0, session.key_id, session.key_secret, [payload])) > 0
 
 
-def test_veil_serve_ray_with_he_workers_splits_requests(he_repo, cluster, tmp_path) -> None:
+def test_veil_serve_ray_with_he_workers_splits_requests(tiny_he_repo, cluster, tmp_path) -> None:
     """The Ray Serve wiring (`veil serve --ray --he-workers 2`): the replica starts its workers and uses them."""
     import socket
 
@@ -109,10 +97,10 @@ def test_veil_serve_ray_with_he_workers_splits_requests(he_repo, cluster, tmp_pa
         port = s.getsockname()[1]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
-        serve.run_many(ray_serve.app(he_repo, replicas=1, replica_cpus=0.5, he_workers=2, he_worker_cpus=0.25))
+        serve.run_many(ray_serve.app(tiny_he_repo, replicas=1, replica_cpus=0.5, he_workers=2, he_worker_cpus=0.25))
         # keys: the front spools the upload into the shared key folder and a replica registers it from there
         session = HeSession.create(f"http://127.0.0.1:{port}", "tiny-he", tmp_path / "k.keyring")
-        key_dir = he_repo / ".he-keys"
+        key_dir = tiny_he_repo / ".he-keys"
         assert (key_dir / f"{session.key_id}.evk").is_file() and not list(key_dir.glob(".upload-*"))
         with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:  # declares 1 TiB, sends 64 bytes
             raw.sendall(f"POST /v2/he/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {2**40}\r\n\r\n".encode()
@@ -130,6 +118,6 @@ def test_veil_serve_ray_with_he_workers_splits_requests(he_repo, cluster, tmp_pa
         stats = serve.get_app_handle(ray_config.model_app_name("tiny-he")).he_worker_stats.remote().result()
     finally:
         serve.shutdown()
-    expected = ort.InferenceSession(str(he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    expected = ort.InferenceSession(str(tiny_he_repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
     assert np.abs(logits - expected).max() < 1e-2
     assert [s["ciphertexts"] for s in stats] == [1, 1]
