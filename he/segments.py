@@ -307,11 +307,31 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
     ``max_key_bytes``; returns the plans, their end points and the fewest rounds any cutting needs."""
     from veil.he.compiler import with_key_manifest
 
+    options = _segment_options(model, points, mode, precision_bits, compiler, cap)
+    ends, plans, fewest = _cheapest_cutting(options, len(points) - 1, max_key_bytes)
+    starts = [0, *ends[:-1]]
+    compiled = [with_key_manifest(compiler(extract_segment(model, points[i], points[j]), mode=mode,
+                                           precision_bits=precision_bits), skeleton.spec["rotation_keys"])
+                for i, j, skeleton in zip(starts, ends, plans, strict=True)]
+    for plan, skeleton in zip(compiled, plans, strict=True):
+        if plan.galois_steps != skeleton.galois_steps or plan.levels != skeleton.levels:
+            raise RuntimeError(f"compile_segmented: a segment compiled twice differs ({plan.galois_steps[:8]}... vs "
+                               f"{skeleton.galois_steps[:8]}...): the compiler must be deterministic")
+    return compiled, ends, fewest
+
+
+Options = dict[tuple[int, int], list[tuple[Plan, dict[str, Any]]]]
+
+
+def _segment_options(model: onnx.ModelProto, points: list[str], mode: str, precision_bits: int,
+                     compiler: Callable[..., Plan], cap: int) -> Options:
+    """Every feasible segment [i, j] reachable from the input, compiled once, kept as its costs under each key
+    manifest the search may take to meet the key budget, beside a spec-only skeleton (no tensors: every segment's
+    masks at N = 32768 would be ~1 GB each); the chosen ones are compiled again at the end (deterministic)."""
+    from veil.he.compiler import with_key_manifest
+
     n = len(points) - 1
-    # every feasible segment [i, j], compiled once, kept as its costs under each key manifest the search may take to
-    # meet the key budget, beside a spec-only skeleton (no tensors: every segment's masks at N = 32768 would be
-    # ~1 GB each); the chosen ones are compiled again at the end (deterministic, seconds with sparse lowering)
-    options: dict[tuple[int, int], list[tuple[Plan, dict[str, Any]]]] = {}
+    options: Options = {}
     errors: dict[int, str] = {}
     reachable = {0}
     for i in range(n):
@@ -338,6 +358,12 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
         raise ParameterError(f"compile_segmented: no segmentation fits 128-bit parameter sets (N <= {cap}); the stretch "
                              f"{errors.get(stuck, '')} is too deep by itself even with a cut at every candidate "
                              f"({points[1:-1]}). Lower precision_bits or the depth between cut points.")
+    return options
+
+
+def _cheapest_cutting(options: Options, n: int, max_key_bytes: int) -> tuple[list[int], list[Plan], int]:
+    """The end points and skeleton plans of the cheapest cutting of points 0..n whose keys fit ``max_key_bytes``
+    (a Lagrangian price on key bytes, bisected, when the cheapest one does not), and the fewest rounds possible."""
     def cheapest(weight: Callable[[dict[str, Any]], float]) -> tuple[list[int], list[Plan]]:
         best: dict[int, tuple[float, list[int], list[Plan]]] = {0: (0.0, [], [])}
         for (i, j), choices in sorted(options.items()):
@@ -354,29 +380,22 @@ def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits
 
     fewest = len(cheapest(lambda c: 1.0)[0])
     ends, plans = priced(0.0)
-    if key_bytes(plans) > max_key_bytes:  # Lagrangian: price key bytes until the cheapest cutting fits the budget
-        ends, plans = cheapest(lambda c: c["key_bytes"])
-        need = key_bytes(plans)
-        if need > max_key_bytes:
-            raise ParameterError(f"compile_segmented: max_key_bytes expected >= {need} (the fewest key bytes the "
-                                 f"leanest cutting needs, {need / 2**20:.0f} MiB), received {max_key_bytes}; raise "
-                                 f"it (`veil export he --max-key-mib`) or lower precision_bits")
-        low, high = 0.0, 1e-9
-        while high < 1e3 and key_bytes(priced(high)[1]) > max_key_bytes:
-            high *= 4
-        for _ in range(40):
-            price = (low + high) / 2
-            found = priced(price)
-            if key_bytes(found[1]) <= max_key_bytes:
-                high, (ends, plans) = price, found
-            else:
-                low = price
-    starts = [0, *ends[:-1]]
-    compiled = [with_key_manifest(compiler(extract_segment(model, points[i], points[j]), mode=mode,
-                                           precision_bits=precision_bits), skeleton.spec["rotation_keys"])
-                for i, j, skeleton in zip(starts, ends, plans, strict=True)]
-    for plan, skeleton in zip(compiled, plans, strict=True):
-        if plan.galois_steps != skeleton.galois_steps or plan.levels != skeleton.levels:
-            raise RuntimeError(f"compile_segmented: a segment compiled twice differs ({plan.galois_steps[:8]}... vs "
-                               f"{skeleton.galois_steps[:8]}...): the compiler must be deterministic")
-    return compiled, ends, fewest
+    if key_bytes(plans) <= max_key_bytes:
+        return ends, plans, fewest
+    ends, plans = cheapest(lambda c: c["key_bytes"])
+    need = key_bytes(plans)
+    if need > max_key_bytes:
+        raise ParameterError(f"compile_segmented: max_key_bytes expected >= {need} (the fewest key bytes the "
+                             f"leanest cutting needs, {need / 2**20:.0f} MiB), received {max_key_bytes}; raise "
+                             f"it (`veil export he --max-key-mib`) or lower precision_bits")
+    low, high = 0.0, 1e-9
+    while high < 1e3 and key_bytes(priced(high)[1]) > max_key_bytes:
+        high *= 4
+    for _ in range(40):
+        price = (low + high) / 2
+        found = priced(price)
+        if key_bytes(found[1]) <= max_key_bytes:
+            high, (ends, plans) = price, found
+        else:
+            low = price
+    return ends, plans, fewest
