@@ -255,12 +255,19 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
     points = [model.graph.input[0].name, *candidates, model.graph.output[0].name]
     plans, ends, fewest = _search(model, points, mode, precision_bits, compiler, cap, max_key_bytes)
     cuts = [points[j] for j in ends[:-1]]
+    report = _report(plans, cuts, candidates, needed, whole_error, fewest, cap, max_key_bytes)
+    return SegmentedPlan(plans, cuts, report)
+
+
+def _report(plans: list[Plan], cuts: list[str], candidates: list[str], needed: int | None, whole_error: str,
+            fewest: int, cap: int, max_key_bytes: int) -> dict[str, Any]:
+    """What a cutting costs segment by segment, and why it was chosen (SegmentedPlan.report)."""
     costs = [plan_cost(p) for p in plans]
     segments = [{"index": k, "input": p.spec["inputs"][0]["name"], "output": p.spec["outputs"][0]["name"],
                  "levels": p.levels, "poly_modulus_degree": p.parameters().poly_modulus_degree,
                  "coeff_mod_bit_sizes": list(p.parameters().coeff_mod_bit_sizes), "cost": c}
                 for k, (p, c) in enumerate(zip(plans, costs, strict=True))]
-    report = {
+    return {
         "rounds": len(plans), "cuts": cuts, "segments": segments, "candidates": candidates,
         "unsegmented_levels": needed, "segment_levels_total": sum(p.levels for p in plans),
         "objective_seconds": objective(costs), "predicted_seconds": sum(c["predicted_seconds"] for c in costs),
@@ -271,7 +278,6 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
                 f"{max_key_bytes / 2**20:.0f} MiB, {cuts} ({len(plans)} rounds; {fewest} is the fewest possible) "
                 f"has the lowest predicted cost, {objective(costs):.2f} s a request"),
     }
-    return SegmentedPlan(plans, cuts, report)
 
 
 def _within_key_budget(whole: Plan, max_key_bytes: int, refuse: bool) -> SegmentedPlan | None:
