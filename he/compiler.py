@@ -76,14 +76,7 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
         raise CompileError(f"compile: {exc}") from None
     model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
     graph = model.graph
-    if len(graph.input) != 1 or len(graph.output) != 1:
-        raise CompileError(f"compile: expected one graph input and one output, received "
-                           f"{[i.name for i in graph.input]} -> {[o.name for o in graph.output]}")
-    source = graph.input[0]
-    shape = tuple(d.dim_value for d in source.type.tensor_type.shape.dim[1:])
-    if not shape or min(shape) < 1:
-        raise CompileError(f"compile: input {source.name!r} expected static per-sample dims (B, ...), "
-                           f"received {[d.dim_param or d.dim_value for d in source.type.tensor_type.shape.dim]}")
+    source, shape = graph.input[0], _sample_shape(graph)
     builder = Builder()
     features = int(np.prod(shape))
     tensors: dict[str, Any] = {source.name: Affine({builder.input(features, shape): identity(features)},
@@ -107,6 +100,19 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
                             **({"gather": gather} if gather is not None else {})},
                   {"name": graph.output[0].name, "value": out, "shape": list(result.shape)}, mode,
                   precision_bits, rotation_keys, digest)
+
+
+def _sample_shape(graph: onnx.GraphProto) -> tuple[int, ...]:
+    """The static per-sample dims of the one graph input (one input and one output, or a CompileError)."""
+    if len(graph.input) != 1 or len(graph.output) != 1:
+        raise CompileError(f"compile: expected one graph input and one output, received "
+                           f"{[i.name for i in graph.input]} -> {[o.name for o in graph.output]}")
+    dims = graph.input[0].type.tensor_type.shape.dim
+    shape = tuple(d.dim_value for d in dims[1:])
+    if not shape or min(shape) < 1:
+        raise CompileError(f"compile: input {graph.input[0].name!r} expected static per-sample dims (B, ...), "
+                           f"received {[d.dim_param or d.dim_value for d in dims]}")
+    return shape
 
 
 def finish(builder: Builder, source: dict[str, Any], target: dict[str, Any], mode: Mode, precision_bits: int = 20,
