@@ -171,8 +171,14 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
     model.load_state_dict(best_state)
     set_warmup(model, False)
     model.eval()
+    metrics = _final_metrics(model, data, best_acc, best_epoch, seconds)
+    return TrainResult(model, model_config, train_config, metrics, history)
+
+
+def _final_metrics(model: nn.Module, data: Splits, best_acc: float, best_epoch: int, seconds: float) -> dict[str, Any]:
+    """Test accuracy of the best-validation weights, the run's size and time, and the model's CKKS depth."""
     depth = multiplicative_depth(model)
-    metrics = {
+    return {
         "test_accuracy": accuracy(model, data.x_test, data.y_test),
         "val_accuracy": best_acc,
         "best_epoch": best_epoch,
@@ -185,7 +191,6 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
         "torch_threads": torch.get_num_threads(),
         "processes": distributed.world().size,  # data-parallel ranks (torchrun), each on its slice of a batch
     }
-    return TrainResult(model, model_config, train_config, metrics, history)
 
 
 def save_uldnet(result: TrainResult, out_dir: str | Path, data: Splits, extra_metrics: dict[str, Any] | None = None) -> Path:
