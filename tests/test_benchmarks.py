@@ -48,20 +48,32 @@ def test_uldnet_digits_benchmark_smoke(load_benchmark, tmp_path) -> None:
 def test_uldnet_ablation_swaps_exactly_the_named_layers(load_benchmark) -> None:
     import torch
     from torch import nn
+    from torch.nn.utils import parametrize
     from veil.training.uldnet import ModelConfig
     from veil.training.uldnet.polyact import PolyAct
     from veil.training.uldnet.polynorm import PolyNorm
 
     module = load_benchmark("uldnet_ablation")
     config = ModelConfig(arch="resnet", input_shape=[3, 32, 32], width=4, depth=1, num_classes=5)
-    count = lambda m, t: sum(isinstance(x, t) for x in m.modules())  # noqa: E731
-    poly = module.swapped(config, batchnorm=False, relu=False)
+    count = lambda m, t: sum(type(x) is t for x in m.modules())  # noqa: E731
+    poly = module.swapped(config, module.Variant())
     norms, acts = count(poly, PolyNorm), count(poly, PolyAct)
     assert norms == acts == 7  # 3 blocks x 2 + the head's
-    for batchnorm, relu in module.VARIANTS.values():
-        model = module.swapped(config, batchnorm=batchnorm, relu=relu)
-        assert (count(model, PolyNorm), count(model, nn.BatchNorm2d)) == ((0, norms) if batchnorm else (norms, 0))
-        assert (count(model, PolyAct), count(model, nn.ReLU)) == ((0, acts) if relu else (acts, 0))
+    norm_types = {"polynorm": PolyNorm, "batchnorm": nn.BatchNorm2d, "layernorm": nn.GroupNorm, "groupnorm4": nn.GroupNorm}
+    for variant in module.VARIANTS.values():
+        model = module.swapped(config, variant)
+        assert count(model, norm_types[variant.norm]) == norms
+        assert (count(model, PolyAct), count(model, nn.ReLU)) == ((0, acts) if variant.act == "relu" else (acts, 0))
+        groups = {m.num_groups for m in model.modules() if isinstance(m, nn.GroupNorm)}
+        assert groups == {"layernorm": {1}, "groupnorm4": {4}}.get(variant.norm, set())
+        dropouts = [m.dropout.p for m in model.modules() if isinstance(m, PolyAct) and isinstance(m.dropout, nn.Dropout)]
+        assert dropouts == ([variant.dropout] * acts if variant.dropout else [])
+        standardized = [m for m in model.modules() if isinstance(m, nn.Conv2d) and parametrize.is_parametrized(m)]
+        assert len(standardized) == (3 if variant.standardize_conv1 else 0)  # one first conv per block
+        for conv in standardized:
+            w = conv.weight
+            assert torch.allclose(w.mean(dim=(1, 2, 3)), torch.zeros(w.shape[0]), atol=1e-5)
+            assert torch.allclose(w.var(dim=(1, 2, 3), correction=0), torch.ones(w.shape[0]), atol=1e-2)  # eps 1e-5
         assert model(torch.randn(2, 3, 32, 32)).shape == (2, 5)
 
 

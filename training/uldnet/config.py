@@ -149,7 +149,8 @@ class TrainConfig(Config):
     warmup_penalty: bool = field(False, "apply the variance penalties during the warm-up too, so the relative "
                                         "variances v are near 1 when PolyNorm switches to the polynomial")
     grad_clip: float = field(1.0, "clip the gradient norm to this value (0 disables)")
-    augment: bool = field(True, "random +-1 pixel shifts of image inputs")
+    augment: bool = field(True, "random pixel shifts of image inputs (up to --shift pixels each way, zero fill)")
+    shift: int = field(1, "with augment: the largest random shift in pixels each way (CIFAR's pad-4 crop is 4)")
     flip_rotate: bool = field(False, "with augment: also flip each square image at random and turn it by a random "
                                      "multiple of 90 degrees (photos32's crops are drawn that way)")
     label_smoothing: float = field(0.1, "cross-entropy label smoothing")
@@ -157,6 +158,8 @@ class TrainConfig(Config):
     threads: int = field(0, "torch CPU threads (0 keeps torch's default)")
 
     def validate(self) -> None:
+        if self.shift < 0:
+            raise ConfigError(f"TrainConfig.shift: expected >= 0 pixels, received {self.shift}")
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainConfig.{name}: expected >= 1, received {getattr(self, name)}")

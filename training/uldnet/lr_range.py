@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from veil.atomic import write_atomic
@@ -44,8 +43,8 @@ from veil.progress import progress as progress_bar
 
 from .config import ModelConfig, TrainConfig
 from .data import Splits
-from .polynorm import PolyNorm, clear_variances, set_warmup, variance_penalty
-from .trainer import _param_groups, augment_batch, seeded_model
+from .polynorm import PolyNorm, clear_variances, set_warmup
+from .trainer import _param_groups, augment_batch, batch_loss, seeded_model
 
 
 @dataclass
@@ -129,6 +128,18 @@ def _batches(data: Splits, batch_size: int, generator: torch.Generator):
             yield x[idx], y[idx]
 
 
+def _calibrate_running_variance(model: nn.Module, batches, count: int) -> None:
+    """Var_bar of every PolyNorm from ``count`` forward passes with the exact LayerNorm, as the warm-up does."""
+    if not any(isinstance(m, PolyNorm) for m in model.modules()):
+        return
+    set_warmup(model, True)
+    with torch.no_grad():
+        for _ in range(count):
+            model(next(batches)[0])
+    clear_variances(model)
+    set_warmup(model, False)
+
+
 def lr_range_test(model_config: ModelConfig, train_config: TrainConfig, data: Splits, *, lr_min: float = 1e-5,
                   lr_max: float = 1.0, steps: int = 100, beta: float = 0.98, diverge_factor: float = 4.0,
                   calibration_batches: int = 5, progress: bool = True) -> LrRangeResult:
@@ -154,13 +165,8 @@ def lr_range_test(model_config: ModelConfig, train_config: TrainConfig, data: Sp
     batches = _batches(data, batch_size, generator)
     augment = cfg.augment and data.x_train.ndim == 4
     model.train()
-    if polynomial and any(isinstance(m, PolyNorm) for m in model.modules()):
-        set_warmup(model, True)  # Var_bar from the exact LayerNorm's statistics, as the warm-up does
-        with torch.no_grad():
-            for _ in range(calibration_batches):
-                model(next(batches)[0])
-        clear_variances(model)
-        set_warmup(model, False)
+    if polynomial:
+        _calibrate_running_variance(model, batches, calibration_batches)
     optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=float(schedule[0]))
 
     lrs: list[float] = []
@@ -174,11 +180,8 @@ def lr_range_test(model_config: ModelConfig, train_config: TrainConfig, data: Sp
             group["lr"] = float(lr)
         xb, yb = next(batches)
         if augment:
-            xb = augment_batch(xb, generator, cfg.flip_rotate)
-        loss = F.cross_entropy(model(xb), yb, label_smoothing=cfg.label_smoothing)
-        penalty = variance_penalty(model, cfg.lambda1, cfg.lambda2) if polynomial else None
-        if penalty is not None:
-            loss = loss + penalty
+            xb = augment_batch(xb, generator, cfg)
+        loss = batch_loss(model, model, xb, yb, cfg, penalize=polynomial)
         value = float(loss.item())
         lrs.append(float(lr))
         losses.append(value)

@@ -42,11 +42,11 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def random_shift(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Shift each image of (B, C, H, W) by -1, 0 or +1 pixels in each direction (zero fill)."""
+def random_shift(x: torch.Tensor, generator: torch.Generator, pixels: int = 1) -> torch.Tensor:
+    """Shift each image of (B, C, H, W) by -pixels ... +pixels in each direction (zero fill)."""
     b, _, h, w = x.shape
-    padded = F.pad(x, (1, 1, 1, 1))
-    dy, dx = torch.randint(0, 3, (2, b), generator=generator)
+    padded = F.pad(x, (pixels, pixels, pixels, pixels))
+    dy, dx = torch.randint(0, 2 * pixels + 1, (2, b), generator=generator)
     rows = (torch.arange(h)[None, :] + dy[:, None])[:, :, None]  # (B, H, 1)
     cols = (torch.arange(w)[None, :] + dx[:, None])[:, None, :]  # (B, 1, W)
     batch = torch.arange(b)[:, None, None]
@@ -66,10 +66,20 @@ def random_flip_rotate(x: torch.Tensor, generator: torch.Generator) -> torch.Ten
     return out
 
 
-def augment_batch(x: torch.Tensor, generator: torch.Generator, flip_rotate: bool) -> torch.Tensor:
-    """The training augmentation of an image batch: +-1 pixel shifts, then (optionally) flips and 90-degree turns."""
-    x = random_shift(x, generator)
-    return random_flip_rotate(x, generator) if flip_rotate else x
+def augment_batch(x: torch.Tensor, generator: torch.Generator, cfg: TrainConfig) -> torch.Tensor:
+    """The training augmentation of an image batch: shifts of up to ``cfg.shift`` pixels, then (``cfg.flip_rotate``)
+    flips and 90-degree turns."""
+    x = random_shift(x, generator, cfg.shift)
+    return random_flip_rotate(x, generator) if cfg.flip_rotate else x
+
+
+def batch_loss(net: nn.Module, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, cfg: TrainConfig,
+               penalize: bool) -> torch.Tensor:
+    """Label-smoothed cross-entropy of ``net`` on a batch, plus (``penalize``) the PolyNorm variance penalties of
+    ``model`` (the module ``net`` wraps) over this batch."""
+    loss = F.cross_entropy(net(xb), yb, label_smoothing=cfg.label_smoothing)
+    penalty = variance_penalty(model, cfg.lambda1, cfg.lambda2) if penalize else None
+    return loss if penalty is None else loss + penalty
 
 
 @torch.no_grad()
@@ -141,12 +151,9 @@ def train_uldnet(model_config: ModelConfig, train_config: TrainConfig, data: Spl
         loss_sum = 0.0
         for i in range(0, len(order), cfg.batch_size):
             idx = order[i:i + cfg.batch_size]
-            xb = augment_batch(x_train[idx], generator, cfg.flip_rotate) if augment else x_train[idx]
+            xb = augment_batch(x_train[idx], generator, cfg) if augment else x_train[idx]
             part, local = distributed.batch_rows(len(idx))  # every rank drew the same global batch: its slice
-            loss = F.cross_entropy(net(xb[part]), y_train[idx][part], label_smoothing=cfg.label_smoothing)
-            penalty = None if warm and not cfg.warmup_penalty else variance_penalty(model, cfg.lambda1, cfg.lambda2)
-            if penalty is not None:
-                loss = loss + penalty
+            loss = batch_loss(net, model, xb[part], y_train[idx][part], cfg, penalize=not warm or cfg.warmup_penalty)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"training diverged at epoch {epoch}: loss {loss.item()}; lower --lr "
                                          f"(received {cfg.lr}) or raise --lambda2 (received {cfg.lambda2})")

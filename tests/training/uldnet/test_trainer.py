@@ -133,6 +133,16 @@ def test_random_shift_moves_images_by_at_most_one_pixel() -> None:
     assert torch.equal(shifted.sum(dim=(1, 2, 3)), torch.ones(64))
 
 
+def test_random_shift_of_k_pixels_reaches_every_offset_up_to_k_and_no_further() -> None:
+    x = torch.zeros(400, 1, 9, 9)
+    x[:, 0, 4, 4] = 1.0
+    shifted = random_shift(x, torch.Generator().manual_seed(0), pixels=3)
+    positions = {tuple(torch.nonzero(img[0]).squeeze(0).tolist()) for img in shifted}
+    assert positions == {(r, c) for r in range(1, 8) for c in range(1, 8)}
+    with pytest.raises(ValueError, match=r"TrainConfig\.shift: expected >= 0 pixels, received -1"):
+        TrainConfig(shift=-1)
+
+
 def test_random_flip_rotate_applies_one_of_the_eight_symmetries_per_image() -> None:
     torch.manual_seed(0)
     x = torch.randn(256, 2, 5, 5)
