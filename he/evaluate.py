@@ -228,33 +228,43 @@ class PlanEvaluator:
 
     def _bsgs(self, xs: list[Ct], outputs: list, window: int, galois: GaloisSet) -> list[Ct]:
         """Masked-diagonal products for every output of one linear op (baby rotations shared by outputs)."""
-        ev = self.chain.evaluator
         babies: dict[tuple[int, int], Ct] = {}
-        results = []
-        for terms, sums, bias, folding in outputs:
-            giants: dict[int, Ct] = {}
-            for k, b, g, pt in terms:
-                if (k, b) not in babies:
-                    babies[k, b] = xs[k] if b == 0 else self.rotate(xs[k], b, galois)
-                term = Ct()
-                ev.multiply_plain(babies[k, b], pt if isinstance(pt, sa.Plaintext) else self.chain.encode(
-                    pt[0].astype(np.float64), pt[1], pt[2]), term)
-                giants[g] = _accumulate(ev, giants.get(g), term)
-            total = giants.pop(0, None)
-            for g, partial in giants.items():
-                total = _accumulate(ev, total, self.rotate(partial, g, galois))
-            for step in folding:  # a folded output: its partial sums at p + k S added back to p
-                ev.add_inplace(total, self.rotate(total, step, galois))
-            spread = None
-            for k, pt in sums:
-                term = Ct()
-                ev.multiply_plain(xs[k], pt, term)
-                spread = _accumulate(ev, spread, term)
-            if spread is not None:
-                total = _accumulate(ev, total, self._block_sum(spread, window, galois))
-            ev.add_plain_inplace(total, bias)
-            results.append(self.chain.rescale(total))
-        return results
+        return [self._complete(self._diagonal_sum(xs, terms, babies, galois), xs, sums, bias, folding, window, galois)
+                for terms, sums, bias, folding in outputs]
+
+    def _diagonal_sum(self, xs: list[Ct], terms: list, babies: dict[tuple[int, int], Ct], galois: GaloisSet) -> Ct | None:
+        """``sum_g rot_g(sum_b rot_b(x_k) * pt)`` over ``terms`` (k, b, g, mask); ``babies`` caches the rotated
+        inputs across calls (every output of an op shares them). None when ``terms`` is empty."""
+        ev = self.chain.evaluator
+        giants: dict[int, Ct] = {}
+        for k, b, g, pt in terms:
+            if (k, b) not in babies:
+                babies[k, b] = xs[k] if b == 0 else self.rotate(xs[k], b, galois)
+            term = Ct()
+            ev.multiply_plain(babies[k, b], pt if isinstance(pt, sa.Plaintext) else self.chain.encode(
+                pt[0].astype(np.float64), pt[1], pt[2]), term)
+            giants[g] = _accumulate(ev, giants.get(g), term)
+        total = giants.pop(0, None)
+        for g, partial in giants.items():
+            total = _accumulate(ev, total, self.rotate(partial, g, galois))
+        return total
+
+    def _complete(self, total: Ct | None, xs: list[Ct], sums: list, bias: sa.Plaintext, folding: list[int],
+                  window: int, galois: GaloisSet) -> Ct:
+        """One output of a linear op from its diagonal sum: folded partial sums added back (p + k S to p), the
+        broadcast terms' block sum, the bias, the rescale."""
+        ev = self.chain.evaluator
+        for step in folding:
+            ev.add_inplace(total, self.rotate(total, step, galois))
+        spread = None
+        for k, pt in sums:
+            term = Ct()
+            ev.multiply_plain(xs[k], pt, term)
+            spread = _accumulate(ev, spread, term)
+        if spread is not None:
+            total = _accumulate(ev, total, self._block_sum(spread, window, galois))
+        ev.add_plain_inplace(total, bias)
+        return self.chain.rescale(total)
 
     def _throughput(self, op: dict[str, Any], xs: list[list[Ct]], encoded: Any, keys) -> list[list[Ct]]:
         chain, ev, level = self.chain, self.chain.evaluator, op["level"]

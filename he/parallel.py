@@ -38,7 +38,6 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
 import tenseal.sealapi as sa
 from veil.he.evaluate import PlanEvaluator, _accumulate
 from veil.he.keys import EvaluationKeys
@@ -307,26 +306,9 @@ class ParallelEvaluator(PlanEvaluator):
 
     def partial_sums(self, xs: list[Ct], outputs: list, share: list[tuple[int, list[int]]], galois) -> dict[int, Ct]:
         """``sum_g rot_g(sum_b rot_b(x_k) * pt)`` over the share's terms, per output index."""
-        ev = self.chain.evaluator
         babies: dict[tuple[int, int], Ct] = {}
-        out = {}
-        for o, indices in share:
-            terms = outputs[o][0]
-            giants: dict[int, Ct] = {}
-            for t in indices:
-                k, b, g, pt = terms[t]
-                if (k, b) not in babies:
-                    babies[k, b] = xs[k] if b == 0 else self.rotate(xs[k], b, galois)
-                term = Ct()
-                ev.multiply_plain(babies[k, b], pt if isinstance(pt, sa.Plaintext) else self.chain.encode(
-                    pt[0].astype(np.float64), pt[1], pt[2]), term)
-                giants[g] = _accumulate(ev, giants.get(g), term)
-            total = giants.pop(0, None)
-            for g, partial in giants.items():
-                total = _accumulate(ev, total, self.rotate(partial, g, galois))
-            if total is not None:
-                out[o] = total
-        return out
+        sums = {o: self._diagonal_sum(xs, [outputs[o][0][t] for t in indices], babies, galois) for o, indices in share}
+        return {o: total for o, total in sums.items() if total is not None}
 
     def _finish(self, xs: list[Ct], outputs: list, window: int, galois, partials: list[dict[int, Ct]]) -> list[Ct]:
         """The shares added per output, then folding, broadcast terms, bias and rescale as in the serial path."""
@@ -337,17 +319,7 @@ class ParallelEvaluator(PlanEvaluator):
             for part in partials:
                 if o in part:
                     total = _accumulate(ev, total, part[o])
-            for step in folding:
-                ev.add_inplace(total, self.rotate(total, step, galois))
-            spread = None
-            for k, pt in sums:
-                term = Ct()
-                ev.multiply_plain(xs[k], pt, term)
-                spread = _accumulate(ev, spread, term)
-            if spread is not None:
-                total = _accumulate(ev, total, self._block_sum(spread, window, galois))
-            ev.add_plain_inplace(total, bias)
-            results.append(self.chain.rescale(total))
+            results.append(self._complete(total, xs, sums, bias, folding, window, galois))
         return results
 
 
