@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -123,7 +124,7 @@ def environment(threads: str = "", **versions: str) -> dict[str, str]:
 def command_line(script: str, argv: list[str] | None) -> str:
     """The command line that reproduces a run: ``python benchmarks/<script> [argv...]``."""
     argv = sys.argv[1:] if argv is None else argv  # main(None) parsed the real command line
-    return f"python benchmarks/{Path(script).name}" + (" " + " ".join(argv) if argv else "")
+    return f"python benchmarks/{Path(script).name}" + (" " + shlex.join(argv) if argv else "")  # copy-pastable
 
 
 def argument_parser(doc: str) -> argparse.ArgumentParser:

@@ -190,10 +190,17 @@ def resnet_checkpoint(folder: Path, width: int, depth: int) -> Path:
     return path
 
 
+def resnet_key(width: int, depth: int, precision_bits: int = 20) -> str:
+    """The ``resnets`` entry of a PolyResNet row (the precision only where it is not the default 20 bits)."""
+    return f"w{width}-d{depth}" + (f"-p{precision_bits}" if precision_bits != 20 else "")
+
+
 def resnet_label(row: dict[str, Any]) -> str:
-    """The table's name of a PolyResNet row: its width and blocks per stage."""
+    """The table's name of a PolyResNet row: its width and blocks per stage, and its precision where it is not the
+    default 20 bits."""
     c = row.get("config", {})
-    return f"PolyResNet w{c.get('width')} d{c.get('depth')} (photos32)"
+    extra = f", {c['precision_bits']} bits" if c.get("precision_bits", 20) != 20 else ""
+    return f"PolyResNet w{c.get('width')} d{c.get('depth')} (photos32{extra})"
 
 
 # photos32 is built to be hard (docs/uldnet.md: raw-pixel logistic regression < 60 %), so its gate is that baseline,
@@ -202,7 +209,8 @@ MIN_PHOTOS32_ACCURACY = 0.60
 
 
 def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int, encoded_mb: int,
-                         max_minutes: float, min_accuracy: float = MIN_PHOTOS32_ACCURACY) -> dict[str, Any]:
+                         max_minutes: float, min_accuracy: float = MIN_PHOTOS32_ACCURACY,
+                         precision_bits: int = 20) -> dict[str, Any]:
     """A CIFAR-size (32x32x3) PolyResNet end to end: ``veil export he --refresh`` and ``veil serve`` each in a
     process of their own (so the server's and the client's peak RSS are told apart), ``HeSession`` here.
 
@@ -219,7 +227,8 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
                            f"encrypted", "test_accuracy": accuracy}
     repo = workdir / "repo"
     export_s, export_gb, _ = run_child([*VEIL, "export", "he", str(ck), "--repo", str(repo), "--name", "resnet-he",
-                                        "--refresh", "--max-key-mib", str(max_key_mib)])
+                                        "--refresh", "--max-key-mib", str(max_key_mib),
+                                        "--precision-bits", str(precision_bits)])
     manifest = json.loads((repo / "resnet-he" / "1" / "segments.json").read_text())
     data = load_photos32()
     model, _ = load_uldnet(ck)
@@ -438,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                         "export and server in processes of their own)")
     parser.add_argument("--resnet-width", type=int, default=8, help="PolyResNet base channels")
     parser.add_argument("--resnet-depth", type=int, default=1, help="PolyResNet blocks per stage")
+    parser.add_argument("--resnet-precision-bits", type=int, default=20,
+                        help="PolyResNet export's fractional bits (17: every block fits N = 16384)")
     parser.add_argument("--resnet-images", type=int, default=50, help="photos32 test images run encrypted")
     parser.add_argument("--resnet-minutes", type=float, default=60.0, help="no new PolyResNet request after this")
     parser.add_argument("--max-key-mib", type=int, default=1024, help="PolyResNet export's key budget (veil export "
@@ -477,11 +488,13 @@ def main(argv: list[str] | None = None) -> int:
         for r in report["resnets"].values():
             report.setdefault("carried", {})[resnet_label(r)] = previous.get("carried", {}).get(resnet_label(r), carried)
         if args.resnet:
-            key = f"w{args.resnet_width}-d{args.resnet_depth}"
+            p = args.resnet_precision_bits
+            key = resnet_key(args.resnet_width, args.resnet_depth, p)
             row = run_resnet_encrypted(resnet_checkpoint(cache, args.resnet_width, args.resnet_depth),
                                        Path(tmp) / "resnet", args.resnet_images, args.max_key_mib, args.encoded_mb,
-                                       args.resnet_minutes)
-            report["resnets"][key] = {**row, "config": {"width": args.resnet_width, "depth": args.resnet_depth}}
+                                       args.resnet_minutes, precision_bits=p)
+            report["resnets"][key] = {**row, "config": {"width": args.resnet_width, "depth": args.resnet_depth,
+                                                        "precision_bits": p}}
             report.get("carried", {}).pop(resnet_label(report["resnets"][key]), None)
     if args.ring_65536:
         report["ring_65536"] = ring_65536()
