@@ -4,7 +4,9 @@ Nets of the photos32 ResNet-20 shape on the `--preset photos32` recipe, trained 
 --epochs, the preset's warm-up): PolyNorm + PolyAct (the polynomial net), BatchNorm + ReLU (its twin), the two
 mixes, the exact per-sample LayerNorm and a 4-group GroupNorm in PolyNorm's place (with ReLU: how much is the
 per-sample axis, how much the polynomial), and the polynomial net with one recipe change (PolyAct dropout,
-weight-standardized first convs, larger shifts; the twin with larger shifts too). Two nets train side by side, one
+weight-standardized first convs, larger shifts; the twin with larger shifts too; each channel standardized before
+PolyNorm's per-sample statistics, PolyNormConfig.channel_prenorm, which the preset now has: every other row is
+built without it, so the rows keep the meaning they were measured with). Two nets train side by side, one
 thread each (2 processes). Writes docs/results/uldnet_ablation.json and the uldnet_ablation section of
 docs/results.md; `--variants` trains some and keeps the previous run's other rows (marked).
 
@@ -45,6 +47,7 @@ class Variant(NamedTuple):
     dropout: float = 0.0  # PolyAct's dropout (he.md §1.4; the precursor code used 0.2)
     standardize_conv1: bool = False  # weight standardization (Qiao et al. 2019) of every block's first conv
     shift: int = 1  # the recipe's random shift in pixels (CIFAR's pad-4 crop: 4)
+    prenorm: bool = False  # PolyNormConfig.channel_prenorm (the preset's since this ablation found it)
 
 
 VARIANTS = {
@@ -59,6 +62,7 @@ VARIANTS = {
     "PolyNorm + PolyAct, standardized first convs": Variant(standardize_conv1=True),
     "PolyNorm + PolyAct, shifts up to 4 px": Variant(shift=4),
     "BatchNorm + ReLU (the twin), shifts up to 4 px": Variant(norm="batchnorm", act="relu", shift=4),
+    "channel-standardized PolyNorm + PolyAct (--norm-channel-prenorm)": Variant(prenorm=True),
 }
 NORMS = {"batchnorm": nn.BatchNorm2d, "layernorm": partial(nn.GroupNorm, 1), "groupnorm4": partial(nn.GroupNorm, 4)}
 
@@ -94,7 +98,8 @@ def train_variant(name: str, epochs: int) -> dict:
     variant = VARIANTS[name]
     data = load_photos32()
     preset = PHOTOS32_PRESETS["resnet"]
-    model_config = ModelConfig(input_shape=data.input_shape, num_classes=len(data.classes), **preset["model"])
+    model = {**preset["model"], "norm": {**preset["model"]["norm"], "channel_prenorm": variant.prenorm}}
+    model_config = ModelConfig(input_shape=data.input_shape, num_classes=len(data.classes), **model)
     train_config = TrainConfig(**{**preset["train"], "epochs": epochs, "shift": variant.shift})
     cpu = time.process_time()
     result = train_uldnet(model_config, train_config, data, progress=False, build=partial(swapped, variant=variant))

@@ -33,8 +33,16 @@ class PolyNormOp(nn.Module):
         self.layout, self.token_stats = norm.layout, norm.config.token_stats
         self.a, self.b, self.c, self.mu = norm.a, norm.b, norm.c, norm.config.mu
         self.running_var = float(norm.running_var)
+        self.prenorm = norm.prenorm is not None  # eval-mode BatchNorm without affine: x * scale + shift per channel
+        if self.prenorm:
+            bn = norm.prenorm
+            scale = torch.rsqrt(bn.running_var.detach() + bn.eps)
+            self.register_buffer("pre_scale", scale.reshape(-1, 1, 1).clone())
+            self.register_buffer("pre_shift", (-bn.running_mean.detach() * scale).reshape(-1, 1, 1).clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prenorm:
+            x = x * self.pre_scale + self.pre_shift  # constants: the HE compiler folds them (no level)
         if self.layout == "channels":
             axes = [1, 2, 3]
         else:

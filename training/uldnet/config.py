@@ -24,6 +24,11 @@ class PolyNormConfig(Config):
     token_stats: Literal["feature", "sample"] = field(
         "feature", "statistics for (B, N, D) tokens: 'feature' = over D per token, 'sample' = over N and D (the paper's ViT axis)")
     affine: bool = field(True, "learn an elementwise gain and bias after normalizing")
+    channel_prenorm: bool = field(
+        False, "feature maps only, veil's addition (not in the paper): standardize each channel with batch statistics "
+               "(running ones at inference; BatchNorm2d without gain or bias) before the per-sample statistics. At "
+               "inference it is a per-channel affine map that folds into the preceding linear op: no CKKS level, no "
+               "rotation")
     train_fallback: bool = field(
         False, "in training only, samples with mu*v beyond the parabola's vertex k*mu use the exact 1/sqrt (the "
                "authors' precursor code does this); evaluation and export are always polynomial")
@@ -204,10 +209,12 @@ DIGITS_HE_PRESETS: dict[str, dict[str, dict]] = {
 # overflowed to NaN (and per-token statistics overflowed at lr 1e-3 too). Evaluation is always polynomial.
 # The polynomial nets train for lr in 1e-3 ... 3e-2 (docs/uldnet.md); the twin gets the same budget. The ResNet's
 # blocks start as their shortcuts (zero_init_residual: +3 pts at 8 epochs, the twin +2) and its batches are
-# flipped and turned as photos32's crops are; 30 epochs fit the 15-minute budget on 2 cores.
+# flipped and turned as photos32's crops are; 30 epochs fit the 15-minute budget on 2 cores. Its PolyNorms standardize
+# each channel before the per-sample statistics (channel_prenorm, veil's addition: free under HE, +12.5 points at 8
+# epochs, docs/results.md § uldnet_ablation).
 PHOTOS32_PRESETS: dict[str, dict[str, dict]] = {
     "resnet": {"model": {"arch": "resnet", "width": 16, "depth": 3, "zero_init_residual": True,
-                         "norm": {"train_fallback": True}},
+                         "norm": {"train_fallback": True, "channel_prenorm": True}},
                "train": {"epochs": 30, "warmup_epochs": 2, "lr": 3e-3, "batch_size": 64, "lambda2": 0.1,
                          "warmup_penalty": True, "flip_rotate": True}},
     "vit": {"model": {"arch": "vit", "width": 64, "depth": 4, "heads": 4, "patch_size": 4, "mlp_ratio": 2,
