@@ -137,13 +137,16 @@ def markdown(results: dict, command: str) -> str:
     def delta(a: str, b: str) -> str:
         return f"{acc[a] - acc[b]:+.2f}" if a in acc and b in acc else "not measured"
 
-    poly, norm_relu, twin, layer_relu = (list(VARIANTS)[i] for i in (0, 1, 3, 4))
+    poly, norm_relu, twin, layer_relu, prenorm = (list(VARIANTS)[i] for i in (0, 1, 3, 4, -1))
     lines += ["", f"Swapping PolyNorm for BatchNorm (with ReLU): {delta(twin, norm_relu)} pts; swapping PolyAct for "
                   f"ReLU (with PolyNorm): {delta(norm_relu, poly)} pts; both: {delta(twin, poly)} pts. PolyNorm "
                   f"against the exact per-sample LayerNorm it approximates (both with ReLU): "
                   f"{delta(norm_relu, layer_relu)} pts; BatchNorm against that LayerNorm: {delta(twin, layer_relu)} "
                   "pts: the points go with the per-sample axis (the one the paper needs, he.md §1.2), not with the "
-                  "polynomial."]
+                  "polynomial.", "",
+              f"Standardizing each channel before the per-sample statistics (PolyNormConfig.channel_prenorm, free "
+              f"under HE): {delta(prenorm, poly)} pts over the polynomial net, {delta(prenorm, twin)} pts against the "
+              f"twin."]
     return "\n".join(lines)
 
 
