@@ -13,9 +13,10 @@ from torch import nn
 from veil.export import export_graph
 from veil.he import segments
 from veil.he.compiler import compile
+from veil.he.cuts import cut_candidates, extract_segment
 from veil.he.errors import EnvelopeError, ParameterError
 from veil.he.rounds import RoundBook, RoundError
-from veil.he.segments import SegmentedPlan, compile_segmented, cut_candidates, extract_segment
+from veil.he.segments import SegmentedPlan, compile_segmented
 from veil.training.uldnet import ModelConfig, PolyAct, PolyActConfig, PolyCNN
 
 _CACHE: dict[str, onnx.ModelProto] = {}
