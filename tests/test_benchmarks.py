@@ -124,6 +124,7 @@ def test_he_opcost_benchmark_quick_fits_the_stated_form(load_benchmark, tmp_path
         predicted = r["N"] * (a * r["k"] * (r["k"] + 1) + b * r["k"]) * 1e-9
         assert 0.5 < predicted / r["rotate_s"] < 2.0
         assert r["rotate_s"] > r["plain_product_s"] > r["add_s"] > 0
+        assert r["encode_s"] > r["plain_product_s"]  # an FFT and k NTTs against one pass over N k words
     assert "<!-- he_opcost:begin -->" in (tmp_path / "results.md").read_text()
 
 
