@@ -123,13 +123,15 @@ def markdown(results: dict, command: str) -> str:
         "C, H, W, i.e. GroupNorm(1, C), PolyNorm's own axes; GroupNorm with 4 groups) and / or every PolyAct for "
         "ReLU, or one change to the recipe; two nets at a time, one thread each (deterministic: a rerun gives the "
         "same figures). Test accuracy of the best-validation epoch."
-        + "".join(f" Rows marked * are carried over from `{c}` ({d}), not measured in this run." for c, d in carried),
+        + "".join(f" Rows marked [{i}] are carried over from `{c}` ({d}), not measured in this run."
+                  for i, (c, d) in enumerate(carried, 1)),
         "",
         "| variant | test acc % | val acc % | final train loss | CPU s |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
-        mark = " *" if r["run"]["command"] != command else ""
+        run = (r["run"]["command"], r["run"]["date"])
+        mark = f" [{carried.index(run) + 1}]" if run in carried else ""
         lines.append(f"| {r['name']}{mark} | {100 * r['test_accuracy']:.2f} | {100 * r['val_accuracy']:.2f} | "
                      f"{r['final_train_loss']:.3f} | {r['cpu_seconds']} |")
     acc = {r["name"]: 100 * r["test_accuracy"] for r in rows}
