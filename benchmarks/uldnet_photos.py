@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results" / f"{SECTION}.raw.json").write_text(json.dumps(results, indent=1))
     summary = summarize(results)
     save_results(args.out, SECTION, {**results, "summary": summary}, markdown(results, summary, command_line(__file__, argv)))
+    (args.out / "results" / f"{SECTION}.raw.json").unlink()  # saved in the report: the raw copy was only a safety net
     print(json.dumps(summary, indent=1))
     return 0
 
