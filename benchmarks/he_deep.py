@@ -196,10 +196,11 @@ def resnet_key(width: int, depth: int, precision_bits: int = 20) -> str:
 
 
 def resnet_label(row: dict[str, Any]) -> str:
-    """The table's name of a PolyResNet row: its width and blocks per stage, and its precision where it is not the
-    default 20 bits."""
+    """The table's name of a PolyResNet row: its width and blocks per stage, its precision where it is not the
+    default 20 bits, and whether its PolyNorms standardize each channel first (PolyNormConfig.channel_prenorm)."""
     c = row.get("config", {})
-    extra = f", {c['precision_bits']} bits" if c.get("precision_bits", 20) != 20 else ""
+    extra = (f", {c['precision_bits']} bits" if c.get("precision_bits", 20) != 20 else "") + \
+        (", channel prenorm" if c.get("channel_prenorm") else "")
     return f"PolyResNet w{c.get('width')} d{c.get('depth')} (photos32{extra})"
 
 
@@ -447,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
                         "export and server in processes of their own)")
     parser.add_argument("--resnet-width", type=int, default=8, help="PolyResNet base channels")
     parser.add_argument("--resnet-depth", type=int, default=1, help="PolyResNet blocks per stage")
+    parser.add_argument("--resnet-checkpoint", type=Path, default=None,
+                        help="a trained photos32 PolyResNet checkpoint to run (default: train the preset's recipe at "
+                             "--resnet-width / --resnet-depth into --cache)")
     parser.add_argument("--resnet-precision-bits", type=int, default=20,
                         help="PolyResNet export's fractional bits (17: ResNet-20's last stage fits N = 16384, "
                              "but its argmax agrees on 3 of 9 images: docs/he.md)")
@@ -490,12 +494,14 @@ def main(argv: list[str] | None = None) -> int:
             report.setdefault("carried", {})[resnet_label(r)] = previous.get("carried", {}).get(resnet_label(r), carried)
         if args.resnet:
             p = args.resnet_precision_bits
-            key = resnet_key(args.resnet_width, args.resnet_depth, p)
-            row = run_resnet_encrypted(resnet_checkpoint(cache, args.resnet_width, args.resnet_depth),
-                                       Path(tmp) / "resnet", args.resnet_images, args.max_key_mib, args.encoded_mb,
-                                       args.resnet_minutes, precision_bits=p)
-            report["resnets"][key] = {**row, "config": {"width": args.resnet_width, "depth": args.resnet_depth,
-                                                        "precision_bits": p}}
+            ck = args.resnet_checkpoint or resnet_checkpoint(cache, args.resnet_width, args.resnet_depth)
+            model = json.loads((ck / "config.json").read_text())["model"]
+            prenorm = bool(model.get("norm", {}).get("channel_prenorm", False))
+            key = resnet_key(model["width"], model["depth"], p) + ("-prenorm" if prenorm else "")
+            row = run_resnet_encrypted(ck, Path(tmp) / "resnet", args.resnet_images, args.max_key_mib,
+                                       args.encoded_mb, args.resnet_minutes, precision_bits=p)
+            report["resnets"][key] = {**row, "config": {"width": model["width"], "depth": model["depth"],
+                                                        "precision_bits": p, "channel_prenorm": prenorm}}
             report.get("carried", {}).pop(resnet_label(report["resnets"][key]), None)
     if args.ring_65536:
         report["ring_65536"] = ring_65536()
