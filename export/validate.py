@@ -29,12 +29,15 @@ def cpu_session(model: onnx.ModelProto | bytes | str) -> ort.InferenceSession:
     An adapter model's LoRA and head inputs are such inputs by design (the base runs without them), and ORT warns
     once per input at every session ("Initializer ... appears in graph inputs"): at export that is noise.
     """
-    proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model_from_string(model) \
-        if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
+    if isinstance(model, onnx.ModelProto):
+        proto, data = model, model.SerializeToString()
+    elif isinstance(model, bytes):
+        proto, data = onnx.load_model_from_string(model), model
+    else:  # a path: ORT reads it itself (external data beside it); the graph is parsed once here, weights left out
+        proto, data = onnx.load(model, load_external_data=False), model
     options = ort.SessionOptions()
     if shadowed_inputs(proto):
         options.log_severity_level = 3
-    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 
 

@@ -23,10 +23,11 @@ def test_shadowed_inputs_names_exactly_the_inputs_with_initializers() -> None:
     assert shadowed_inputs(_add_model(shadow=False)) == []
 
 
-@pytest.mark.parametrize("as_bytes", [False, True])
-def test_a_model_with_default_inputs_runs_without_ort_warnings(capfd: pytest.CaptureFixture, as_bytes: bool) -> None:
+@pytest.mark.parametrize("given", ["proto", "bytes", "path"])
+def test_a_model_with_default_inputs_runs_without_ort_warnings(capfd: pytest.CaptureFixture, tmp_path, given: str) -> None:
     model = _add_model(shadow=True)
-    session = cpu_session(model.SerializeToString() if as_bytes else model)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    session = cpu_session({"proto": model, "bytes": model.SerializeToString(), "path": str(tmp_path / "m.onnx")}[given])
     x = np.array([0.5, -1.0], dtype=np.float32)
     np.testing.assert_allclose(session.run(None, {"x": x})[0], x + np.array([1.0, 2.0], dtype=np.float32))
     np.testing.assert_allclose(session.run(None, {"x": x, "b": np.zeros(2, np.float32)})[0], x)  # the default overrides
