@@ -29,6 +29,7 @@ from common import argument_parser, command_line, environment, save_results
 from he_cnn import (
     TUTORIAL_N,
     TutorialNet,
+    cpu_seconds,
     digits_28,
     fitting_precision,
     onnx_of,
@@ -58,15 +59,6 @@ def memory(evaluator: ParallelEvaluator) -> dict:
                for pid in evaluator.worker_pids()]
     return {"parent_rss_mib": _status_kib(os.getpid(), "VmRSS") / 1024,
             "parent_pss_mib": _status_kib(os.getpid(), "Pss", "smaps_rollup") / 1024, "workers": workers}
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of these processes so far (/proc/<pid>/stat)."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
 
 
 def measure(name: str, graph, x: np.ndarray, calls: int, processes: int, precision_bits: int = 20) -> dict:

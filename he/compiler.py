@@ -30,7 +30,7 @@ from veil.he.errors import CompileError, ParameterError  # CompileError: still i
 from veil.he.latency import pack_latency
 from veil.he.lowering import Affine, Builder, identity, sparse
 from veil.he.packing import key_manifest, next_pow2, parse_key_mode, rotation_counts, rotation_uses
-from veil.he.plan import FORMAT, Mode, Plan
+from veil.he.plan import FORMAT, REPLICATED_FORMAT, Mode, Plan
 
 AFFINE_OPS = {"Gemm", "MatMul", "Conv", "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Transpose",
               "Squeeze", "Unsqueeze", "Identity", "Add", "Sub", "Mul", "Div", "Neg", "Pad", "ReduceMean",
@@ -46,7 +46,7 @@ HINTS = {
 
 
 def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", precision_bits: int = 20,
-            rotation_keys: str = "exact", input_im2col: bool = True) -> Plan:
+            rotation_keys: str = "exact", input_im2col: bool = True, replicate: bool = False) -> Plan:
     """Compile a polynomial ONNX model into an HE plan for ``mode`` ("latency" or "throughput").
 
     Args:
@@ -63,6 +63,8 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
             im2col patches (the plan's ``inputs[0]["gather"]``: an input index or -1 per encrypted feature,
             as TenSEAL's ``enc_matmul_encoding`` does) so the first conv is a 1x1 channel mix on ciphertexts:
             a few rotations instead of one per tap and stride offset (a stride-2 stem's 829 masks -> ~60).
+        replicate: latency: one sample per ciphertext, its block tiled over every slot by the client, so
+            steps count modulo the period ("binary": log2(period) keys, not log2(N/2)); no batching.
 
     Raises:
         CompileError: an op that is not polynomial or not supported, named with a hint.
@@ -70,6 +72,8 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
     """
     if mode not in ("latency", "throughput"):
         raise CompileError(f"compile: `mode` expected 'latency' or 'throughput', received {mode!r}")
+    if replicate and mode != "latency":
+        raise CompileError(f"compile: `replicate` expected only with mode 'latency', received mode {mode!r}")
     try:
         parse_key_mode(rotation_keys)
     except ValueError as exc:
@@ -99,7 +103,7 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
     return finish(builder, {"name": source.name, "value": "v0", "shape": list(shape),
                             **({"gather": gather} if gather is not None else {})},
                   {"name": graph.output[0].name, "value": out, "shape": list(result.shape)}, mode,
-                  precision_bits, rotation_keys, digest)
+                  precision_bits, rotation_keys, digest, replicate)
 
 
 def _sample_shape(graph: onnx.GraphProto) -> tuple[int, ...]:
@@ -116,10 +120,10 @@ def _sample_shape(graph: onnx.GraphProto) -> tuple[int, ...]:
 
 
 def finish(builder: Builder, source: dict[str, Any], target: dict[str, Any], mode: Mode, precision_bits: int = 20,
-           rotation_keys: str = "exact", onnx_sha256: str = "") -> Plan:
+           rotation_keys: str = "exact", onnx_sha256: str = "", replicate: bool = False) -> Plan:
     """The plan of a lowered program: layout (latency), parameters, key manifest and rotation counts.
 
-    ``source`` / ``target``: {name, value, shape} of the plan's input and output.
+    ``source`` / ``target``: {name, value, shape} of the plan's input and output; ``replicate`` as :func:`compile`.
     """
     from veil.he.params import select_parameters
 
@@ -137,18 +141,17 @@ def finish(builder: Builder, source: dict[str, Any], target: dict[str, Any], mod
              **({"positions": values[end["value"]].get("positions", [0])} if mode == "latency" else {})}
             for end in (source, target)]
     spec = {
-        "format": FORMAT, "mode": mode, "levels": levels, "period": packed["period"], "window": packed["window"],
-        "batch_capacity": params.slots // packed["period"] if mode == "latency" else params.slots,
+        "format": REPLICATED_FORMAT if replicate else FORMAT, "mode": mode, "levels": levels,
+        "period": packed["period"], "window": packed["window"],
+        "batch_capacity": (1 if replicate else params.slots // packed["period"]) if mode == "latency" else params.slots,
         "precision_bits": precision_bits, "inputs": [ends[0]], "outputs": [ends[1]], "values": values,
         "ops": packed["ops"], "parameters": params.to_dict(), "onnx_sha256": onnx_sha256,
         "rotation_keys": rotation_keys if mode == "latency" else "none",
+        **({"replicated": True} if replicate else {}),
     }
-    period = packed["period"]
-    steps = key_manifest(rotation_uses(packed["ops"], period), rotation_keys, params.slots) if mode == "latency" else []
-    spec["galois_steps"] = steps
-    spec["rotations"] = rotation_counts(packed["ops"], period, steps, params.slots) if mode == "latency" else \
-        {"rotations": 0, "key_switches": 0}
-    return Plan(spec, packed["tensors"])
+    plan = Plan({**spec, "galois_steps": []}, packed["tensors"])
+    return _with_keys(plan, rotation_keys) if mode == "latency" else \
+        Plan({**plan.spec, "rotations": {"rotations": 0, "key_switches": 0}}, plan.tensors)
 
 
 def with_key_manifest(plan: Plan, rotation_keys: str) -> Plan:
@@ -156,10 +159,15 @@ def with_key_manifest(plan: Plan, rotation_keys: str) -> Plan:
     which Galois keys exist and how many key switches each rotation takes (throughput plans have none)."""
     if plan.mode != "latency" or plan.spec["rotation_keys"] == rotation_keys:
         return plan
-    slots, period = plan.parameters().slots, plan.spec["period"]
-    steps = key_manifest(rotation_uses(plan.ops, period), rotation_keys, slots)
+    return _with_keys(plan, rotation_keys)
+
+
+def _with_keys(plan: Plan, rotation_keys: str) -> Plan:
+    """``plan`` with the key manifest and rotation counts of ``rotation_keys`` (steps modulo its key modulus)."""
+    period, modulus = plan.spec["period"], plan.key_modulus
+    steps = key_manifest(rotation_uses(plan.ops, period), rotation_keys, modulus)
     spec = {**plan.spec, "rotation_keys": rotation_keys, "galois_steps": steps,
-            "rotations": rotation_counts(plan.ops, period, steps, slots)}
+            "rotations": rotation_counts(plan.ops, period, steps, modulus)}
     return Plan(spec, plan.tensors)
 
 

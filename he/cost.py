@@ -47,7 +47,8 @@ def plan_cost(plan) -> dict[str, Any]:
     params = plan.parameters()
     n, primes = params.poly_modulus_degree, len(params.coeff_mod_bit_sizes)
     values = plan.spec.get("values", {})
-    period, manifest, slots = plan.spec.get("period"), set(plan.galois_steps), n // 2
+    period, manifest = plan.spec.get("period"), set(plan.galois_steps)
+    modulus = plan.key_modulus if plan.mode == "latency" else n // 2  # steps equal modulo this share a key
     switches = products = 0
     a, b = KEY_SWITCH_NS[n]
     switch_units = product_units = 0.0  # ns per N: a k (k + 1) + b k per key switch, k (x PRODUCT_NS) per product
@@ -62,7 +63,7 @@ def plan_cost(plan) -> dict[str, Any]:
         elif kind == "sumsq":
             op_switches = width * len(op["inputs"])  # the square, and the mean's square when it has one
         if kind in ("linear", "sumsq") and plan.mode == "latency":
-            op_switches += sum(count * len(decompose(step, manifest, slots))
+            op_switches += sum(count * len(decompose(step, manifest, modulus))
                                for step, count in rotation_uses([op], period).items())
         if kind == "linear":
             if plan.mode == "latency":  # one product per mask of every diagonal part, plus the broadcast sums

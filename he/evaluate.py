@@ -213,7 +213,7 @@ class PlanEvaluator:
     def rotate(self, ct: Ct, step: int, galois: GaloisSet) -> Ct:
         """``ct`` rotated left by ``step`` slots with the manifest's keys (a new ciphertext)."""
         out = ct
-        for part in decompose(step, self.keys, self.chain.slots):
+        for part in decompose(step, self.keys, self.plan.key_modulus):
             rotated = Ct()
             self.chain.evaluator.rotate_vector(out, part, galois.key_for(part), rotated)
             out = rotated

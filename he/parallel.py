@@ -261,7 +261,7 @@ class ParallelEvaluator(PlanEvaluator):
 
     # -- the split --------------------------------------------------------------------------------------------
     def _switches(self, step: int) -> int:
-        return 0 if step == 0 else len(decompose(step, self.keys, self.chain.slots))
+        return 0 if step == 0 else len(decompose(step, self.keys, self.plan.key_modulus))
 
     def partition(self, outputs: list, shares: int) -> list[list[tuple[int, list[int]]]] | None:
         """The op's terms in ``shares`` shares, each a list of (output index, term indices); None: keep it serial.

@@ -33,7 +33,10 @@ import numpy as np
 
 Mode = Literal["latency", "throughput"]
 FORMAT = "veil.he.plan/3"  # /3: linear ops may fold outputs (``folds``) and inputs may be im2col patches (``gather``)
-READABLE_FORMATS = ("veil.he.plan/2", FORMAT)  # a /2 plan has neither and runs unchanged
+# /4: a replicated latency plan (one sample per ciphertext, its block tiled over every slot, rotations taken
+# modulo the period); written only for such a plan, so a /3 reader refuses it instead of misreading its keys
+REPLICATED_FORMAT = "veil.he.plan/4"
+READABLE_FORMATS = ("veil.he.plan/2", FORMAT, REPLICATED_FORMAT)  # a /2 plan has neither and runs unchanged
 JSON_NAME, WEIGHTS_NAME = "plan.json", "plan.safetensors"
 
 
@@ -72,6 +75,17 @@ class Plan:
     @property
     def slots(self) -> int:
         return int(self.spec["parameters"]["poly_modulus_degree"]) // 2
+
+    @property
+    def replicated(self) -> bool:
+        """Latency: one sample per ciphertext, its block repeated over every slot (``compile(replicate=True)``)."""
+        return bool(self.spec.get("replicated", False))
+
+    @property
+    def key_modulus(self) -> int:
+        """Rotation steps are equal modulo this: the period of a replicated plan (its ciphertexts repeat every
+        period slots, so a rotation by s - period is one by s), else the slots."""
+        return int(self.spec["period"]) if self.replicated else self.slots
 
     @property
     def batch_capacity(self) -> int:
@@ -131,8 +145,9 @@ class Plan:
         """Client side: the slot vectors to encrypt for a batch ``x`` of shape (B, *input shape).
 
         Latency: sample b in block b % capacity of vector b // capacity, feature f at slot
-        ``block * period + positions[f]`` (NCHW order, or the im2col patches ``gather`` names), zeros elsewhere. Throughput: one vector per feature,
-        holding that feature of the B samples (B <= slots).
+        ``block * period + positions[f]`` (NCHW order, or the im2col patches ``gather`` names), zeros elsewhere;
+        a replicated plan repeats sample b's block over every slot of vector b. Throughput: one vector per
+        feature, holding that feature of the B samples (B <= slots).
         """
         spec = self.spec["inputs"][0]
         x = np.asarray(x, dtype=np.float64)
@@ -147,6 +162,9 @@ class Plan:
             slots = self._latency_slots(spec, len(x))  # (B, F)
             vectors = np.zeros((self.ciphertexts_for(len(x)), self.slots))
             vectors.reshape(-1)[slots.reshape(-1)] = flat.reshape(-1)
+            if self.replicated:
+                period = int(self.spec["period"])
+                vectors = np.tile(vectors[:, :period], (1, self.slots // period))
             return list(vectors)  # ceil(B / capacity) x (slots,)
         if len(x) > self.slots:
             raise ValueError(f"encode_inputs: throughput batch expected <= {self.slots} samples, received {len(x)}")

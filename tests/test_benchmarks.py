@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+from veil.he.parallel import default_processes
 
 
 def test_write_section_replaces_one_section_at_level_two(load_benchmark, tmp_path) -> None:
@@ -165,9 +167,17 @@ def test_he_cnn_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results" / "he_cnn.json").read_text())
     runs = report["runs"]
-    assert {"a_tenseal_default_threads", "a_tenseal_1_thread", "b_veil_exact", "b_veil_pow2", "b_veil_throughput_mode",
-            "c_variant_8x8_tenseal_default_threads", "c_variant_8x8_veil_exact", "d_polycnn_veil_exact"} <= set(runs)
-    assert runs["b_veil_pow2"]["key_bytes_seeded"] < runs["b_veil_exact"]["key_bytes_seeded"]
+    assert {"a_tenseal_default_threads", "a_tenseal_1_thread", "b_veil_exact", "b_veil_binary_replicated",
+            "b_veil_throughput_mode", "c_variant_8x8_tenseal_default_threads", "c_variant_8x8_veil_exact",
+            "d_polycnn_veil_exact"} <= set(runs)
+    # one image per ciphertext, tiled: the binary keys stop at the block (fewer than the exact set's)
+    tiled = runs["b_veil_binary_replicated"]
+    assert tiled["replicated"] and tiled["batch_capacity"] == 1 and tiled["batch_call"]["images"] == 1
+    assert tiled["key_bytes_seeded"] < runs["b_veil_exact"]["key_bytes_seeded"]
+    assert tiled["galois_keys"] <= math.log2(runs["b_veil_exact"]["poly_modulus_degree"] // 2 // runs["b_veil_exact"]["batch_capacity"])
+    if default_processes() > 1:  # the same plan over every core, its workers' CPU counted
+        assert runs["b_veil_exact_all_cores"]["threads"].startswith(str(default_processes()))
+        assert runs["d_polycnn_veil_exact_all_cores"]["cpu_per_wall"] > 0
     # TenSEAL saves its keys unseeded: the same key set regenerated seeded is about half the bytes
     tenseal = runs["a_tenseal_default_threads"]
     assert 0.4 < tenseal["key_bytes_seeded"] / tenseal["key_bytes_as_serialized"] < 0.6

@@ -27,6 +27,7 @@ def he_repo(tmp_path_factory, tiny_polymlp):
     export_uldnet(checkpoint, repo, name="plain")
     export_he(checkpoint, repo, "tiny-he", mode="latency")
     export_he(checkpoint, repo, "tiny-he-batch", mode="throughput")
+    export_he(checkpoint, repo, "tiny-he-one", mode="latency", rotation_keys="binary", replicate=True)
     shutil.copytree(repo / "tiny-he", repo / "tiny-he-two")  # the operator's bound: 2 ciphertexts per request
     config = (repo / "tiny-he" / "config.pbtxt").read_text().replace('"tiny-he"', '"tiny-he-two"')
     (repo / "tiny-he-two" / "config.pbtxt").write_text(
@@ -45,7 +46,7 @@ def reference(repo, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(str(repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
 
 
-@pytest.mark.parametrize(("model", "batch"), [("tiny-he", 3), ("tiny-he-batch", 24)])
+@pytest.mark.parametrize(("model", "batch"), [("tiny-he", 3), ("tiny-he-batch", 24), ("tiny-he-one", 3)])
 def test_encrypted_inference_matches_plaintext(he_repo, live, tmp_path, model: str, batch: int) -> None:
     repo, data = he_repo
     session = HeSession.create(live, model, tmp_path / "k.keyring")
@@ -67,6 +68,17 @@ def test_metadata_exposes_parameters_and_key_manifest(live) -> None:
     # the input contract travels (issue 30 §5): what x must be before it is encrypted
     contract = meta["parameters"]["veil"]["input"]
     assert contract == {"name": "x", "dtype": "float32", "shape": [6], "scale": "as given", "normalization": "none"}
+
+
+def test_a_replicated_model_tells_its_clients_to_tile_one_image_per_ciphertext(live) -> None:
+    metas = {}
+    for model in ("tiny-he", "tiny-he-one"):
+        with urllib.request.urlopen(f"{live}/v2/models/{model}") as r:
+            metas[model] = json.loads(r.read())["parameters"]["he"]
+    batched, one = metas["tiny-he"]["plan"], metas["tiny-he-one"]["plan"]
+    assert one["replicated"] and one["batch_capacity"] == 1 and one["format"] == "veil.he.plan/4"
+    assert "replicated" not in batched and batched["batch_capacity"] > 1
+    assert all(0 < s < one["period"] for s in metas["tiny-he-one"]["galois_steps"])  # keys modulo the block
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
