@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             VeilRounds(graphs["polycnn"], args.polycnn_refresh_n,
                        precision_bits=fitting_precision(graphs["polycnn"], args.polycnn_refresh_n, refresh=True)), x8)
     references = {name: refs["polycnn" if name.startswith("d_") else "tutorial"] for name in sides}
-    batch = {name: min(len(x), test_images) if name.endswith("_exact") else side.capacity
+    batch = {name: min(len(x), test_images) if name.endswith(("_exact", "_all_cores")) else side.capacity
              for name, (side, x) in sides.items() if isinstance(side, Veil)}
     runs = rows_of(sides, references, calls, batch)
     profiles = {name: sides[name][0].profile(sides[name][1][:1]) for name in (row_name("b_veil_", tutorial_keys[0]),

@@ -47,6 +47,24 @@ def test_uldnet_digits_benchmark_smoke(load_benchmark, tmp_path) -> None:
     assert (tmp_path / "results.md").read_text().count("<!-- uldnet_digits:begin -->") == 1
 
 
+def test_uldnet_photos_chooses_each_resnets_lr_by_its_settled_validation_accuracy(load_benchmark) -> None:
+    module = load_benchmark("uldnet_photos")
+    preset_lr = module.PHOTOS32_PRESETS["resnet"]["train"]["lr"]
+
+    def run(test: float, val: list[float]) -> dict:  # the validation curve ends on `val`
+        return {"test_accuracy": test, "history": [{"val_accuracy": 0.1}] * 20 + [{"val_accuracy": v} for v in val]}
+
+    spike = [0.9, 0.6, 0.6, 0.6, 0.6, 0.6]  # the best single epoch, but not settled: must not win
+    models = {"resnet": run(0.80, [0.81] * 5), "resnet@0.01": run(0.83, [0.80] * 5),
+              "resnet-baseline": run(0.82, spike), "resnet-baseline@0.01": run(0.79, [0.70] * 5),
+              "vit": run(0.7, [0.7] * 5)}
+    sweep = module.lr_sweep(models)
+    assert sweep["chosen_lr"] == {"resnet": f"{preset_lr:g}", "resnet-baseline": "0.01"}
+    assert sweep["runs"]["resnet"]["0.01"] == {"test": pytest.approx(83.0), "settled_val": pytest.approx(80.0)}
+    assert sweep["gap_at_lr"] == {f"{preset_lr:g}": pytest.approx(2.0), "0.01": pytest.approx(-4.0)}
+    assert sweep["gap_chosen"] == pytest.approx(79.0 - 80.0)  # the test set chose nothing
+
+
 def test_uldnet_ablation_swaps_exactly_the_named_layers(load_benchmark) -> None:
     import torch
     from torch import nn
