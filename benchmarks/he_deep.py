@@ -81,7 +81,8 @@ class Server:
     """``veil serve`` on 127.0.0.1 in a thread (as the engine tests run it)."""
 
     def __init__(self, repo: Path) -> None:
-        self.server = build_server(ServerConfig(repo=str(repo), host="127.0.0.1", port=0, log_level="warning"))
+        self.server = build_server(ServerConfig(repo=str(repo), host="127.0.0.1", port=0, log_level="warning",
+                                                he_encoded_mb=evaluate.ENCODED_BYTES / 2**20))  # --encoded-mb
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> str:
@@ -121,6 +122,34 @@ def timed_request(session: HeSession, chunk: np.ndarray) -> tuple[np.ndarray, di
                     "round_server_s": [r["server_seconds"] for r in rounds]}
 
 
+def light_plan(folder: Path):
+    """A saved plan's spec with every tensor an empty array of its row count: what he/cost.py reads, without loading
+    the weights (a ResNet-20's masks are gigabytes, and this process's peak RSS is the client's figure)."""
+    from safetensors import safe_open
+    from veil.he.plan import JSON_NAME, WEIGHTS_NAME, Plan
+
+    spec = json.loads((folder / JSON_NAME).read_text())
+    spec.pop("plan_hash", None)
+    with safe_open(str(folder / WEIGHTS_NAME), "np") as f:
+        tensors = {k: np.empty((f.get_slice(k).get_shape()[0], 0)) for k in f.keys()}  # noqa: SIM118
+    return Plan(spec, tensors)
+
+
+def budget_predictions(version: Path, encoded_bytes: int) -> list[dict[str, float]]:
+    """Per round, he/cost.py's prediction with the server's encoded-mask budget shared over the rounds in order (as
+    the engine shares it): predicted seconds, the mask encodes at use among them, and those masks."""
+    from veil.he.cost import plan_cost
+
+    spec = json.loads((version / "segments.json").read_text()) if (version / "segments.json").is_file() else None
+    folders = [version / seg["folder"] for seg in spec["segments"]] if spec else [version]
+    out, left = [], encoded_bytes
+    for folder in folders:
+        cost = plan_cost(light_plan(folder), encoded_bytes=left)
+        left = cost["encoded_bytes_left"]
+        out.append({k: cost[k] for k in ("predicted_seconds", "encode_seconds", "masks_encoded_at_use")})
+    return out
+
+
 def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bits: int,
                   max_n: int | None, min_accuracy: float = MIN_PLAIN_ACCURACY) -> dict[str, Any]:
     """Export ``ck`` with --refresh, serve it, and run ``images`` test images through ``HeSession``.
@@ -158,10 +187,11 @@ def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bit
     logits = np.concatenate(logits)
     seg = manifest["segmentation"]
     predicted = [s["cost"]["predicted_seconds"] for s in seg.get("segments", [])]
+    at_budget = budget_predictions(repo / f"{name}-he" / "1", evaluate.ENCODED_BYTES)
     per_round = [{"round": k, "request_bytes": int(statistics.median(r["bytes"][k][0] for r in rows)),
                   "result_bytes": int(statistics.median(r["bytes"][k][1] for r in rows)),
                   "server_s_per_request": statistics.median(r["round_server_s"][k] for r in rows),
-                  "predicted_s": predicted[k] if k < len(predicted) else None}
+                  "predicted_s": predicted[k] if k < len(predicted) else None, "at_budget": at_budget[k]}
                  for k in range(manifest["rounds"])]
     return {
         "images": images, "images_per_request": batch, "rounds": manifest["rounds"], "cuts": manifest["cuts"],
@@ -258,10 +288,11 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
     done = np.concatenate(logits)
     ran = len(done)
     predicted = [seg["cost"]["predicted_seconds"] for seg in manifest["report"]["segments"]]
+    at_budget = budget_predictions(repo / "resnet-he" / "1", encoded_mb << 20)
     per_round = [{"round": k, "request_bytes": int(statistics.median(r["bytes"][k][0] for r in rows)),
                   "result_bytes": int(statistics.median(r["bytes"][k][1] for r in rows)),
                   "server_s_per_request": statistics.median(r["round_server_s"][k] for r in rows),
-                  "predicted_s": predicted[k]} for k in range(manifest["rounds"])]
+                  "predicted_s": predicted[k], "at_budget": at_budget[k]} for k in range(manifest["rounds"])]
     full = [r for r in rows if r["images"] == batch] or rows
     return {
         "images": ran, "images_asked": images, "images_per_request": batch, "rounds": manifest["rounds"],
@@ -365,7 +396,9 @@ def _details(label: str, r: dict[str, Any]) -> str:
             f"{r.get('images_per_request', '?')} images) against the cost model's prediction for a request "
             f"(he/cost.py): " + "; ".join(
         f"round {b['round']}: {b['request_bytes'] / 2**20:.2f} MiB in, {b['result_bytes'] / 2**20:.2f} MiB out"
-        + (f", {b['server_s_per_request']:.2f} s (predicted {b['predicted_s']:.2f} s)"
+        + (f", {b['server_s_per_request']:.2f} s (predicted {b['predicted_s']:.2f} s"
+           + (f"; {b['at_budget']['predicted_seconds']:.2f} s with the {b['at_budget']['masks_encoded_at_use']} masks "
+              f"past the server's encoded-mask budget encoded at use" if b.get("at_budget") else "") + ")"
            if b.get("server_s_per_request") is not None and b.get("predicted_s") is not None else "")
         for b in r["bytes_per_round"]) + f". Key sets (all rounds) {r['key_bytes'] / 2**20:.1f} MiB; keygen + "
         f"registration {r['keygen_register_s']:.1f} s; export + segmented compile {r['export_compile_s']:.1f} s. "
@@ -458,8 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resnet-minutes", type=float, default=60.0, help="no new PolyResNet request after this")
     parser.add_argument("--max-key-mib", type=int, default=1024, help="PolyResNet export's key budget (veil export "
                         "he's default)")
-    parser.add_argument("--encoded-mb", type=int, default=512, help="per segment, masks encoded at load up to this "
-                        "size (the rest at each use; server and client share this machine's memory)")
+    parser.add_argument("--encoded-mb", type=int, default=4096, help="per served model (its rounds share it in "
+                        "order), masks encoded at load up to this size, the rest at each use (veil serve "
+                        "--he-encoded-mb; default the server's); server and client share this machine's memory")
     args = parser.parse_args(argv)
     evaluate.ENCODED_BYTES = args.encoded_mb << 20
     if args.quick:

@@ -9,7 +9,11 @@ primes). An op runs at the level of its inputs (``values[...]["level"]`` in the 
 a 2-core Xeon with AVX-512, rotations and relinearizations at the top, middle and last level of the chains the
 compiler picks, within ~10 % of each); N = 4096 takes 8192's. Generating one key-switching key costs
 ``KEYGEN_NS x N x L^2`` (L: all primes). Counting every op at the top level, as this model did before, overstated
-the deep segments 2.3-3.3x (docs/results.md § he_deep).
+the deep segments 2.3-3.3x (docs/results.md § he_deep). Given the evaluator's ``encoded_bytes`` budget, a mask
+past it is encoded at each use (:class:`veil.he.evaluate.PlanEvaluator` encodes masks in op order while N x 8 x k
+bytes each still fit) and costs ``N (c + d k)`` ns more, (c, d) = ``ENCODE_NS``: he_opcost's mask-encode column
+(an FFT and one NTT per prime), 3-5.5x the product it feeds. Without a budget every mask counts as encoded at
+load, as the segment search assumes.
 
 :func:`veil.he.segments.compile_segmented` picks, among the segmentations that fit 128-bit sets, the one with the
 lowest :func:`objective`: predicted evaluation seconds of one request, plus each refresh round's client work and
@@ -24,6 +28,7 @@ from typing import Any
 
 KEY_SWITCH_NS = {4096: (6.6, 47.5), 8192: (6.6, 47.5), 16384: (11.2, 34.4), 32768: (13.1, 37.1)}
 PRODUCT_NS = 5.5
+ENCODE_NS = (25.0, 14.5)  # a mask encoded at use: N (c + d k) ns (fit to he_opcost's mask-encode column)
 KEYGEN_NS = 160.0
 ROUND_SECONDS = 0.25  # a refresh round: the client decrypts, re-encodes and encrypts, plus one round trip
 UPLOAD_BYTES_PER_SECOND = 100e6  # keys and ciphertexts over a 1 Gbit/s link, the order of a data-centre client
@@ -39,8 +44,11 @@ def _key_object_bytes(params) -> int:
     return measured_sizes(params)["switch_key"]
 
 
-def plan_cost(plan) -> dict[str, Any]:
-    """Predicted cost of one request through ``plan`` (a :class:`veil.he.plan.Plan`), and its keys."""
+def plan_cost(plan, encoded_bytes: int | None = None) -> dict[str, Any]:
+    """Predicted cost of one request through ``plan`` (a :class:`veil.he.plan.Plan`), and its keys.
+
+    ``encoded_bytes``: the evaluator's budget of masks encoded at load (None: all of them); the masks past it are
+    costed as encoded at each use, and ``encoded_bytes_left`` is what a next round's evaluator would get."""
     from veil.he.packing import decompose, rotation_uses
     from veil.he.params import galois_key_count  # tenseal: not needed by `veil export he --help`
 
@@ -51,7 +59,8 @@ def plan_cost(plan) -> dict[str, Any]:
     modulus = plan.key_modulus if plan.mode == "latency" else n // 2  # steps equal modulo this share a key
     switches = products = 0
     a, b = KEY_SWITCH_NS[n]
-    switch_units = product_units = 0.0  # ns per N: a k (k + 1) + b k per key switch, k (x PRODUCT_NS) per product
+    switch_units = product_units = encode_units = 0.0  # ns per N: a k (k+1) + b k per key switch, k per product
+    budget, at_use = encoded_bytes, 0
     for op in plan.ops:
         kind = op["op"]
         width = 1 if plan.mode == "latency" else int(values.get(op["outputs"][0], {}).get("features", 1))
@@ -69,6 +78,11 @@ def plan_cost(plan) -> dict[str, Any]:
             if plan.mode == "latency":  # one product per mask of every diagonal part, plus the broadcast sums
                 op_products = sum(len(plan.tensors[part["masks"]]) for diagonals in op["diagonals"]
                                   for part in (diagonals or []) if part is not None)
+                if budget is not None:  # masks (not the broadcast sums) encoded in op order while N 8 k bytes fit
+                    loaded = min(op_products, budget // (8 * n * k))
+                    budget -= loaded * 8 * n * k
+                    at_use += op_products - loaded
+                    encode_units += (op_products - loaded) * (ENCODE_NS[0] + ENCODE_NS[1] * k)
                 op_products += sum(t is not None for broadcast in op["broadcast"] for t in (broadcast or []))
             else:
                 op_products = sum(int(values.get(v, {}).get("features", 1)) for v in op["inputs"]) * width
@@ -78,7 +92,8 @@ def plan_cost(plan) -> dict[str, Any]:
     keys = 1 + galois_key_count(params, list(plan.galois_steps))
     key_bytes = keys * _key_object_bytes(params)
     return {"poly_modulus_degree": n, "primes": primes, "key_switches": switches, "plaintext_products": products,
-            "predicted_seconds": (switch_units + product_units * PRODUCT_NS) * n * 1e-9,
+            "predicted_seconds": (switch_units + product_units * PRODUCT_NS + encode_units) * n * 1e-9,
+            "masks_encoded_at_use": at_use, "encode_seconds": encode_units * n * 1e-9, "encoded_bytes_left": budget,
             "keys": keys, "key_bytes": key_bytes, "keygen_seconds": keys * KEYGEN_NS * n * primes**2 * 1e-9}
 
 
@@ -103,6 +118,7 @@ def objective(costs: list[dict[str, Any]]) -> float:
 
 
 MODEL = (f"predicted seconds = key switches x N (a k(k+1) + b k) ns, (a, b) per N {KEY_SWITCH_NS}, + plaintext "
-         f"products x {PRODUCT_NS} ns x N x k per segment (k: data primes left at each op's level), + "
+         f"products x {PRODUCT_NS} ns x N x k per segment (k: data primes left at each op's level), + masks "
+         f"past the server's encoded-mask budget x N ({ENCODE_NS[0]} + {ENCODE_NS[1]} k) ns (none in the search), + "
          f"{ROUND_SECONDS} s per refresh round, + (key generation {KEYGEN_NS} ns x N x L^2 per key + upload at "
          f"{UPLOAD_BYTES_PER_SECOND / 1e6:g} MB/s) / {KEY_AMORTIZE_REQUESTS} requests; keys within max_key_bytes")

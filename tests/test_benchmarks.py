@@ -295,6 +295,37 @@ def test_optim_lora_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert (tmp_path / "img" / "optim_lora_loss.png").stat().st_size > 10_000
 
 
+def test_he_deep_predicts_each_round_with_the_servers_shared_mask_budget(load_benchmark, tmp_path) -> None:
+    import torch
+    from torch import nn
+    from veil.export import export_graph
+    from veil.he.cost import plan_cost
+    from veil.he.evaluate import PlanEvaluator
+    from veil.he.segments import compile_segmented
+    from veil.training.uldnet import PolyAct, PolyActConfig
+
+    module = load_benchmark("he_deep")
+    torch.manual_seed(0)
+    body: list[nn.Module] = []
+    for _ in range(3):
+        body += [nn.Linear(6, 6), PolyAct(6, PolyActConfig(degree=2))]
+    graph = export_graph(nn.Sequential(*body, nn.Linear(6, 3)).eval(), (torch.randn(4, 6),), ["x"], ["logits"],
+                         {"x": {0: "batch"}}).model
+    segmented = compile_segmented(graph, refresh=True, max_poly_modulus_degree=8192)
+    assert segmented.rounds >= 2
+    segmented.save(tmp_path / "1")
+    first = segmented.plans[0]
+    budget = (1 << 40) - PlanEvaluator(first, first.parameters(), encoded_bytes=1 << 40).encoded_bytes_left
+    rounds = module.budget_predictions(tmp_path / "1", budget)  # the budget holds round 0's masks exactly
+    assert len(rounds) == segmented.rounds
+    left = budget
+    for plan, predicted in zip(segmented.plans, rounds, strict=True):  # the engine's order: what is left goes on
+        cost = plan_cost(plan, encoded_bytes=left)
+        assert predicted == {k: cost[k] for k in predicted}  # the weightless plans cost as the full ones
+        left = PlanEvaluator(plan, plan.parameters(), encoded_bytes=left).encoded_bytes_left
+    assert rounds[0]["masks_encoded_at_use"] == 0 and all(r["masks_encoded_at_use"] > 0 for r in rounds[1:])
+
+
 def test_he_deep_refuses_to_report_a_model_below_90_percent(load_benchmark, tmp_path) -> None:
     module = load_benchmark("he_deep")
     (tmp_path / "ck").mkdir()
