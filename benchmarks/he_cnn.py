@@ -633,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     del sides
 
     report = {"command": command_line(__file__, sys.argv[1:] if argv is None else argv),
-              "environment": environment("TenSEAL default threads and 1 thread; veil 1 core", tenseal=ts.__version__,
+              "environment": environment("TenSEAL default threads and 1 thread; veil 1 core and every core (_all_cores rows)", tenseal=ts.__version__,
                                          torch=torch.__version__),
               "inputs": source, "calls_per_row": calls,
               "tutorial_model": {"epochs": epochs, "optimizer": "Adam 1e-3, batch 64, seed 73",
