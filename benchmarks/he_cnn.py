@@ -601,13 +601,13 @@ def main(argv: list[str] | None = None) -> int:
     sides = {"a_tenseal_default_threads": (Tenseal(tutorial, None), x28), "a_tenseal_1_thread": (Tenseal(tutorial, 1), x28)}
     sides.update({row_name("b_veil_", k): (Veil(graphs["tutorial"], rotation_keys=k, precision_bits=bits), x28)
                   for k in tutorial_keys})
-    if args.processes > 1:
+    if args.processes > 1 and not quick:  # forked workers: the full run's rows only
         sides["b_veil_exact_all_cores"] = (Veil(graphs["tutorial"], precision_bits=bits, processes=args.processes), x28)
     if args.tutorial_refresh_n:
         sides[f"b_veil_refresh{args.tutorial_refresh_n}_exact"] = (
             VeilRounds(graphs["tutorial"], args.tutorial_refresh_n, precision_bits=bits), x28)
     sides.update({row_name("d_polycnn_veil_", k): (Veil(graphs["polycnn"], rotation_keys=k), x8) for k in polycnn_keys})
-    if args.processes > 1:
+    if args.processes > 1 and not quick:  # forked workers: the full run's rows only
         sides["d_polycnn_veil_exact_all_cores"] = (Veil(graphs["polycnn"], processes=args.processes), x8)
     if args.polycnn_refresh_n:
         sides[f"d_polycnn_veil_refresh{args.polycnn_refresh_n}_exact"] = (

@@ -6,7 +6,6 @@ import json
 import math
 
 import pytest
-from veil.he.parallel import default_processes
 
 
 def test_write_section_replaces_one_section_at_level_two(load_benchmark, tmp_path) -> None:
@@ -193,9 +192,7 @@ def test_he_cnn_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert tiled["replicated"] and tiled["batch_capacity"] == 1 and tiled["batch_call"]["images"] == 1
     assert tiled["key_bytes_seeded"] < runs["b_veil_exact"]["key_bytes_seeded"]
     assert tiled["galois_keys"] <= math.log2(runs["b_veil_exact"]["poly_modulus_degree"] // 2 // runs["b_veil_exact"]["batch_capacity"])
-    if default_processes() > 1:  # the same plan over every core, its workers' CPU counted
-        assert runs["b_veil_exact_all_cores"]["threads"].startswith(str(default_processes()))
-        assert runs["d_polycnn_veil_exact_all_cores"]["cpu_per_wall"] > 0
+    assert not any(k.endswith("_all_cores") for k in runs)  # the full run's rows (forked workers)
     # TenSEAL saves its keys unseeded: the same key set regenerated seeded is about half the bytes
     tenseal = runs["a_tenseal_default_threads"]
     assert 0.4 < tenseal["key_bytes_seeded"] / tenseal["key_bytes_as_serialized"] < 0.6

@@ -46,7 +46,7 @@ def reference(repo, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(str(repo / "plain" / "1" / "model.onnx")).run(None, {"x": x})[0]
 
 
-@pytest.mark.parametrize(("model", "batch"), [("tiny-he", 3), ("tiny-he-batch", 24), ("tiny-he-one", 3)])
+@pytest.mark.parametrize(("model", "batch"), [("tiny-he", 3), ("tiny-he-batch", 24)])
 def test_encrypted_inference_matches_plaintext(he_repo, live, tmp_path, model: str, batch: int) -> None:
     repo, data = he_repo
     session = HeSession.create(live, model, tmp_path / "k.keyring")
