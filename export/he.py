@@ -64,14 +64,16 @@ def write_plan_model(repo: str | Path, name: str, version: int, manifest: dict[s
 def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "latency", version: int = 1,
               precision_bits: int = 20, refresh: bool = False,
               max_poly_modulus_degree: int | None = None, rotation_keys: str = "exact",
-              max_key_bytes: int = MAX_KEY_BYTES, progress: bool = True, replicate: bool = False) -> dict[str, Any]:
+              max_key_bytes: int = MAX_KEY_BYTES, progress: bool = True, replicate: bool | None = None) -> dict[str, Any]:
     """Compile a ULD-Net checkpoint into an HE plan and write it into ``repo``; returns the manifest.
 
     With ``progress`` (and TQDM_DISABLE unset) each stage (ONNX export, compile, write) ends with one stderr
     line: a deep model's compile takes minutes.
 
     ``rotation_keys`` is the latency plan's key manifest ("exact": fastest, "pow2", "binary": fewest keys,
-    "budget:K"); ``replicate`` compiles it for one image per ciphertext, tiled over every slot (``he.compile``).
+    "budget:K"); ``replicate`` True compiles it for one image per ciphertext, tiled over every slot (``he.compile``),
+    False never, None (default) each segment whose block leaves slots free when the plan holds one image per
+    ciphertext anyway (``he.segments.replicated_segments``).
 
     ``refresh`` opts this model into client-refresh rounds when it is deeper than one parameter set
     (off: such a model is refused); ``max_poly_modulus_degree`` (with ``refresh``) also cuts where a
@@ -87,8 +89,9 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
     with stage(f"export he {name}: compile ({mode})", enabled=progress) as info:
         segmented = compile_segmented(graph.model, mode=mode, precision_bits=precision_bits, refresh=refresh,
                                       max_poly_modulus_degree=max_poly_modulus_degree, max_key_bytes=max_key_bytes,
+                                      replicate=replicate,
                                       compiler=functools.partial(he_compile, rotation_keys=rotation_keys,
-                                                                 replicate=replicate))
+                                                                 **({"replicate": True} if replicate else {})))
         info["rounds"] = segmented.rounds
     plan = segmented.plans[0]
     manifest = plan_manifest(name, version, mode, plan) | {

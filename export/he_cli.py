@@ -35,10 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rotation-keys", default="exact",
                         help="latency key manifest: exact (fastest), pow2, binary (fewest keys) or budget:K "
                              "(default exact)")
-    parser.add_argument("--replicate", action="store_true",
+    parser.add_argument("--replicate", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
                         help="latency: one image per ciphertext, its block repeated over every slot by the client, "
-                             "so rotations count modulo the block: with --rotation-keys binary, log2(block) keys "
-                             "instead of log2(N/2) (for one-image clients: smaller keys, no batching)")
+                             "so rotations count modulo the block (with --rotation-keys binary, log2(block) keys "
+                             "instead of log2(N/2)) and a conv's diagonals merge modulo it: on (bare --replicate) for "
+                             "every segment (one-image clients: fewer keys, no batching), off never, auto (default) "
+                             "each segment with free slots when the plan holds one image per ciphertext anyway")
     parser.add_argument("--refresh", action="store_true",
                         help="cut a plan deeper than one 128-bit parameter set into segments; the client decrypts "
                              "and re-encrypts fresh between them (it learns the activations at the cuts; docs/he.md)")
@@ -57,14 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_poly_modulus_degree and not args.refresh:
         print("veil export he: --max-poly-modulus-degree expected only with --refresh", file=sys.stderr)
         return 2
-    if args.replicate and args.mode != "latency":
+    if args.replicate == "on" and args.mode != "latency":
         print(f"veil export he: --replicate expected only with --mode latency, received --mode {args.mode}",
               file=sys.stderr)
         return 2
     manifest = export_he(args.checkpoint, args.repo, args.name, args.mode, args.version, args.precision_bits,
                          refresh=args.refresh, max_poly_modulus_degree=args.max_poly_modulus_degree,
                          rotation_keys=args.rotation_keys, max_key_bytes=args.max_key_mib << 20,
-                         replicate=args.replicate)
+                         replicate={"auto": None, "on": True, "off": False}[args.replicate])
     print(json.dumps({k: manifest[k] for k in ("name", "mode", "levels", "parameters", "galois_steps", "plan_hash",
                                                "rounds", "cuts")}
                      | {"sizes_bytes": manifest["describe"]["sizes_bytes"], "segmentation": manifest["segmentation"],

@@ -128,7 +128,7 @@ def finish(builder: Builder, source: dict[str, Any], target: dict[str, Any], mod
     from veil.he.params import select_parameters
 
     levels = max(v["level"] for v in builder.values.values())
-    packed = pack_latency(builder, source["value"]) if mode == "latency" else \
+    packed = pack_latency(builder, source["value"], replicate) if mode == "latency" else \
         {"ops": builder.ops, "values": builder.values, "period": 0, "window": 0,  # dense (out, in) weights
          "tensors": {k: v.toarray() if sp.issparse(v) else v for k, v in builder.tensors.items()}}
     try:

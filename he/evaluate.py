@@ -91,7 +91,8 @@ class PlanEvaluator:
         self.period = int(plan.spec["period"])
         if plan.mode == "latency" and (self.period > self.chain.slots or self.chain.slots % self.period):
             raise MismatchError(f"PlanEvaluator: latency period {self.period} does not divide {self.chain.slots} slots")
-        if plan.mode == "latency" and plan.spec.get("window") == self.period != self.chain.slots:
+        cyclic = plan.mode == "latency" and plan.spec.get("window") == self.period
+        if cyclic and self.period != self.chain.slots and not plan.replicated:  # replicated: every block is the same
             raise MismatchError(f"PlanEvaluator: a cyclic block sum (window {self.period}) needs exactly {self.period} "
                                 f"slots, params offer {self.chain.slots}")
         self.keys = set(plan.galois_steps)

@@ -42,8 +42,13 @@ class _Groups:
         self.parent[self.find(a)] = self.find(b)
 
 
-def pack_latency(builder, in_value: str) -> dict[str, Any]:
+def pack_latency(builder, in_value: str, replicate: bool = False) -> dict[str, Any]:
     """Layouts, packed ops and tensors of a latency plan (``builder``: the lowering's values, ops, tensors).
+
+    ``replicate``: every ciphertext holds one sample's block repeated over all its slots (the client tiles it), so
+    a rotation by d equals one by d + D: each op's diagonals are merged modulo the block size D (a conv over C
+    channels at stride W·H in a block of C·W·H slots has (2C - 1)·k² offsets, C·k² modulo D), and block sums are
+    cyclic (no broadcast window doubling the block).
 
     Returns:
         {"ops", "values", "tensors", "period", "window"}: ops with masked diagonals and block vectors,
@@ -65,7 +70,7 @@ def pack_latency(builder, in_value: str) -> dict[str, Any]:
             layouts[v] = Layout(np.zeros(1, dtype=np.int64), broadcast=True)
     chosen: dict[str, Layout] = {groups.find(in_value): layouts[in_value]} if in_value in wide else {}
     plans: list[dict[str, Any]] = []
-    windowed = any(op["op"] == "sumsq" for op in ops)
+    windowed = any(op["op"] == "sumsq" for op in ops) and not replicate
     for index, op in enumerate(ops):
         if op["op"] == "linear":
             plans.append(_plan_linear(index, op, builder, layouts, groups, chosen, clean, windowed))
@@ -81,10 +86,16 @@ def pack_latency(builder, in_value: str) -> dict[str, Any]:
     extent = next_pow2(max(int(x.positions.max()) + 1 for x in layouts.values()))
     broadcasts = any(op["op"] == "sumsq" for op in ops) or any(p.get("broadcast") for p in plans)
     window = extent if broadcasts else 0
-    period = 2 * extent if broadcasts else extent
+    period = 2 * extent if broadcasts and not replicate else extent
     if period > MAX_SLOTS >= extent:  # one block fills the largest ring: block sums wrap (packing.sum_steps)
         period = extent
-    return _materialize(builder, ops, plans, layouts, period, window)
+    if replicate:  # offsets equal modulo the period are one diagonal: the split is chosen again over them
+        for op, plan in zip(ops, plans, strict=True):
+            if op["op"] == "linear":
+                inputs = [layouts[v] for v in op["inputs"]]
+                _, plan["modulus"], plan["signed"] = _cost(plan["layout"], inputs, plan["terms"], op, values,
+                                                           plan["folds"], period)
+    return _materialize(builder, ops, plans, layouts, period, window, replicate)
 
 
 def _clean_outputs(ops: list[dict[str, Any]], wide: set[str], producer: dict[str, Any]) -> set[str]:
@@ -197,8 +208,9 @@ def _block(layout: Layout, extent: int) -> int:
 
 
 def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any], values,
-          folds: list[tuple[int, int] | None] | None = None) -> tuple[int, int, bool]:
-    """(rotations, modulus, signed) of the op's cheapest baby-step / giant-step split, fold rotations included."""
+          folds: list[tuple[int, int] | None] | None = None, wrap: int = 0) -> tuple[int, int, bool]:
+    """(rotations, modulus, signed) of the op's cheapest baby-step / giant-step split, fold rotations included
+    (``wrap``: a replicated plan's period, offsets taken modulo it; 0: as they are)."""
     folds = folds or [None] * len(op["outputs"])
     per_input: list[list[np.ndarray]] = [[] for _ in inputs]
     per_output: list[np.ndarray] = []
@@ -209,7 +221,7 @@ def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any]
                 continue
             rows = layout.positions[r] if values[out]["features"] > 1 else np.zeros(len(r), dtype=np.int64)
             src = _sources(inputs[i], c, rows)
-            d = np.unique(src - fold_rows(rows, src, fold))
+            d = np.unique(_offsets(src, fold_rows(rows, src, fold), wrap))
             per_input[i].append(d)
             deltas.append(d)
         per_output.append(np.unique(np.concatenate(deltas)) if deltas else np.zeros(0, dtype=np.int64))
@@ -220,13 +232,19 @@ def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any]
     return rotations + sum(len(fold_steps(f)) for f in folds), modulus, signed
 
 
+def _offsets(sources: np.ndarray, rows: np.ndarray, wrap: int) -> np.ndarray:
+    """The rotation each product needs (``source - row``), modulo ``wrap`` in [0, wrap) when it is set."""
+    deltas = sources - rows
+    return np.mod(deltas, wrap) if wrap else deltas
+
+
 def _sources(layout: Layout, columns: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The slots an op reads its input's features from: their positions; a broadcast value is read in place."""
     return rows if layout.broadcast else layout.positions[columns]
 
 
 def _materialize(builder, ops: list[dict[str, Any]], plans: list[dict[str, Any]], layouts: dict[str, Layout],
-                 period: int, window: int) -> dict[str, Any]:
+                 period: int, window: int, replicate: bool = False) -> dict[str, Any]:
     """The packed ops with their tensors: masks (n, D) per (output, input), block biases and constants."""
     tensors: dict[str, np.ndarray] = {}
 
@@ -249,7 +267,7 @@ def _materialize(builder, ops: list[dict[str, Any]], plans: list[dict[str, Any]]
         elif op["op"] == "sumsq":
             record["window"] = window
         elif op["op"] == "linear":
-            record.update(_pack_linear(op, plan, layouts, period, tensor, place, builder), window=window)
+            record.update(_pack_linear(op, plan, layouts, period, tensor, place, builder, replicate), window=window)
         packed.append(record)
     out_values = {}
     for v, info in builder.values.items():
@@ -263,7 +281,7 @@ def _materialize(builder, ops: list[dict[str, Any]], plans: list[dict[str, Any]]
     return {"ops": packed, "values": out_values, "tensors": tensors, "period": period, "window": window}
 
 
-def _pack_linear(op, plan, layouts, period, tensor, place, builder) -> dict[str, Any]:
+def _pack_linear(op, plan, layouts, period, tensor, place, builder, replicate: bool = False) -> dict[str, Any]:
     inputs = [layouts[v] for v in op["inputs"]]
     modulus, signed = plan["modulus"], plan["signed"]
     diagonals, broadcast, babies, giants = [], [], [set() for _ in inputs], []
@@ -278,8 +296,7 @@ def _pack_linear(op, plan, layouts, period, tensor, place, builder) -> dict[str,
             rows = out_positions[r] if out_positions is not None else np.zeros(len(r), dtype=np.int64)
             src = _sources(inputs[i], c, rows)
             rows = fold_rows(rows, src, fold)
-            deltas = src - rows
-            offsets, inverse = np.unique(deltas, return_inverse=True)
+            offsets, inverse = np.unique(_offsets(src, rows, period if replicate else 0), return_inverse=True)
             masks = np.zeros((len(offsets), period))
             np.add.at(masks, (inverse, rows), vals)
             diagonals[-1].append({"offsets": offsets.tolist(), "masks": tensor(masks)})

@@ -155,7 +155,8 @@ def _too_deep_levels(exc: ParameterError) -> int | None:
 
 def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "latency", precision_bits: int = 20,
                       refresh: bool = False, max_poly_modulus_degree: int | None = None,
-                      compiler: Callable[..., Plan] | None = None, max_key_bytes: int = MAX_KEY_BYTES) -> SegmentedPlan:
+                      compiler: Callable[..., Plan] | None = None, max_key_bytes: int = MAX_KEY_BYTES,
+                      replicate: bool | None = None) -> SegmentedPlan:
     """Compile ``onnx_model`` into one plan, or (``refresh=True``) into the fewest, cheapest segments.
 
     Args:
@@ -167,6 +168,11 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
         compiler: the compile function (default :func:`veil.he.compile`); tests pass a wrapper.
         max_key_bytes: the most evaluation-key bytes the plan (with ``refresh``: all its segments) may need; a
             plan over it is switched to a leaner key manifest, cut (with ``refresh``), or refused.
+        replicate: latency plans: True compiles every segment replicated (``veil.he.compile(replicate=True)``: one
+            image per ciphertext, its block tiled over every slot by the client); False none; None (default) each
+            segment whose block leaves slots free, when the plan holds one image per ciphertext anyway (its
+            smallest batch capacity is 1): the same one image at fewer diagonals (merged modulo the block) and no
+            broadcast window, while a plan that batches images stays batched (:func:`replicated_segments`).
 
     Returns:
         A :class:`SegmentedPlan`; ``report`` says what was chosen and why.
@@ -179,6 +185,9 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
     import onnx
     from veil.he.compiler import compile as he_compile
 
+    if replicate and mode != "latency":
+        raise ParameterError(f"compile_segmented: `replicate` expected only with mode 'latency', received mode "
+                             f"{mode!r}")
     if max_poly_modulus_degree is not None and not refresh:
         raise ParameterError(f"compile_segmented: `max_poly_modulus_degree` expected only with refresh=True, "
                              f"received {max_poly_modulus_degree} with refresh=False")
@@ -197,7 +206,7 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
         if whole.parameters().poly_modulus_degree <= cap:
             single = _within_key_budget(whole, max_key_bytes, refuse=not refresh)
             if single is not None:
-                return single
+                return _replicate_single(single, model, mode, precision_bits, compiler, max_key_bytes, replicate)
             whole_error = (f"one set's keys need more than max_key_bytes={max_key_bytes} under every key manifest "
                            f"({', '.join(('as compiled', *LEANER_MANIFESTS))})")
         else:
@@ -205,10 +214,38 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
     candidates = cut_candidates(model)
     model = with_shapes(model, candidates)
     points = [model.graph.input[0].name, *candidates, model.graph.output[0].name]
-    plans, ends, fewest = _search(model, points, mode, precision_bits, compiler, cap, max_key_bytes)
+    plans, ends, fewest = _search(model, points, mode, precision_bits, compiler, cap, max_key_bytes, replicate)
     cuts = [points[j] for j in ends[:-1]]
     report = _report(plans, cuts, candidates, needed, whole_error, fewest, cap, max_key_bytes)
     return SegmentedPlan(plans, cuts, report)
+
+
+def replicated_segments(plans: list[Plan], replicate: bool | None) -> list[bool]:
+    """Which of a cutting's (latency) segments to compile replicated: all (True), none (False or a throughput plan),
+    or (None) each whose block leaves slots free, when the smallest batch capacity is 1 anyway. A request then
+    holds one image, and a replicated segment computes it at fewer diagonals: a plan that batches is left alone.
+    ``plans`` may be skeletons (spec only)."""
+    if replicate is not None or not plans or plans[0].mode != "latency":
+        return [bool(replicate) and p.mode == "latency" for p in plans]
+    if min(int(p.spec["batch_capacity"]) for p in plans) > 1:
+        return [False] * len(plans)
+    return [p.replicated or int(p.spec["period"]) < p.slots for p in plans]
+
+
+def _replicate_single(single: SegmentedPlan, model: onnx.ModelProto, mode: str, precision_bits: int,
+                      compiler: Callable[..., Plan], max_key_bytes: int, replicate: bool | None) -> SegmentedPlan:
+    """The one-round plan compiled replicated where :func:`replicated_segments` says so (same key manifest),
+    kept when its keys still fit ``max_key_bytes``."""
+    from veil.he.compiler import with_key_manifest
+
+    plan = single.plans[0]
+    if plan.replicated or not replicated_segments([plan], replicate)[0]:
+        return single
+    tiled = with_key_manifest(compiler(model, mode=mode, precision_bits=precision_bits, replicate=True),
+                              plan.spec["rotation_keys"])
+    if key_bytes([tiled]) > max_key_bytes and not replicate:
+        return single
+    return SegmentedPlan([tiled], [], {**single.report, "key_bytes": key_bytes([tiled]), "replicated": [True]})
 
 
 def _report(plans: list[Plan], cuts: list[str], candidates: list[str], needed: int | None, whole_error: str,
@@ -224,7 +261,7 @@ def _report(plans: list[Plan], cuts: list[str], candidates: list[str], needed: i
         "unsegmented_levels": needed, "segment_levels_total": sum(p.levels for p in plans),
         "objective_seconds": objective(costs), "predicted_seconds": sum(c["predicted_seconds"] for c in costs),
         "key_bytes": key_bytes(plans), "max_key_bytes": max_key_bytes, "cost_model": COST_MODEL,
-        "fewest_rounds": fewest, "max_poly_modulus_degree": cap,
+        "fewest_rounds": fewest, "max_poly_modulus_degree": cap, "replicated": [p.replicated for p in plans],
         "why": (f"the whole plan needs {needed} levels, more than one 128-bit set within N <= {cap} offers "
                 f"({whole_error}); among the cuttings at the {len(candidates)} candidate cuts whose keys fit "
                 f"{max_key_bytes / 2**20:.0f} MiB, {cuts} ({len(plans)} rounds; {fewest} is the fewest possible) "
@@ -260,19 +297,30 @@ def _within_key_budget(whole: Plan, max_key_bytes: int, refuse: bool) -> Segment
 
 
 def _search(model: onnx.ModelProto, points: list[str], mode: str, precision_bits: int,
-            compiler: Callable[..., Plan], cap: int, max_key_bytes: int) -> tuple[list[Plan], list[int], int]:
+            compiler: Callable[..., Plan], cap: int, max_key_bytes: int,
+            replicate: bool | None = None) -> tuple[list[Plan], list[int], int]:
     """Exact DP over cut points for the lowest :func:`veil.he.cost.objective` among cuttings within
-    ``max_key_bytes``; returns the plans, their end points and the fewest rounds any cutting needs."""
+    ``max_key_bytes`` (costed unreplicated: an upper bound on a replicated segment's cost); returns the plans, each
+    replicated where :func:`replicated_segments` says so, their end points and the fewest rounds any cutting needs."""
     from veil.he.compiler import with_key_manifest
 
     options = _segment_options(model, points, mode, precision_bits, compiler, cap)
     ends, plans, fewest = _cheapest_cutting(options, len(points) - 1, max_key_bytes)
     starts = [0, *ends[:-1]]
-    compiled = [with_key_manifest(compiler(extract_segment(model, points[i], points[j]), mode=mode,
-                                           precision_bits=precision_bits), skeleton.spec["rotation_keys"])
-                for i, j, skeleton in zip(starts, ends, plans, strict=True)]
-    for plan, skeleton in zip(compiled, plans, strict=True):
-        if plan.galois_steps != skeleton.galois_steps or plan.levels != skeleton.levels:
+
+    def chosen(tiled: list[bool]) -> list[Plan]:
+        return [with_key_manifest(compiler(extract_segment(model, points[i], points[j]), mode=mode,
+                                           precision_bits=precision_bits, **({"replicate": True} if t else {})),
+                                  skeleton.spec["rotation_keys"])
+                for i, j, skeleton, t in zip(starts, ends, plans, tiled, strict=True)]
+
+    tiled = replicated_segments(plans, replicate)
+    compiled = chosen(tiled)
+    if any(tiled) and replicate is None and key_bytes(compiled) > max_key_bytes:
+        tiled = [False] * len(plans)  # the replicated steps did not fit the budget the search met: as searched
+        compiled = chosen(tiled)
+    for plan, skeleton, t in zip(compiled, plans, tiled, strict=True):
+        if plan.levels != skeleton.levels or (not t and plan.galois_steps != skeleton.galois_steps):
             raise RuntimeError(f"compile_segmented: a segment compiled twice differs ({plan.galois_steps[:8]}... vs "
                                f"{skeleton.galois_steps[:8]}...): the compiler must be deterministic")
     return compiled, ends, fewest

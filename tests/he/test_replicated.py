@@ -27,14 +27,17 @@ def test_replicated_plan_tiles_each_sample_and_matches_onnx_runtime(name: str) -
     plain = compile(model, mode="latency")
     period = plan.spec["period"]
     assert plan.replicated and plan.batch_capacity == 1 and plan.key_modulus == period < plan.slots
-    assert plain.batch_capacity == plan.slots // period and plain.key_modulus == plain.slots
+    assert plain.batch_capacity == plain.slots // plain.spec["period"] and plain.key_modulus == plain.slots
+    # a block sum is cyclic over a replicated block: no broadcast window doubling the period
+    assert period == plain.spec["period"] // (2 if plain.spec["window"] else 1) and plan.spec["window"] in (0, period)
     x = np.random.default_rng(2).normal(size=(3, 1, 8, 8))
     vectors = plan.encode_inputs(x)
     assert len(vectors) == 3 and plan.ciphertexts_for(3) == 3
     for v in vectors:  # every block of a ciphertext is the same sample
         blocks = v.reshape(-1, period)
         assert np.array_equal(blocks, np.broadcast_to(blocks[0], blocks.shape)) and np.any(blocks[0])
-    np.testing.assert_array_equal(vectors[1].reshape(-1, period)[0], plain.encode_inputs(x[1:2])[0][:period])
+    positions = plain.spec["inputs"][0]["positions"]
+    np.testing.assert_array_equal(vectors[1][positions], plain.encode_inputs(x[1:2])[0][positions])
     np.testing.assert_allclose(simulate(plan, x), ort_run(model, x), atol=2e-4, rtol=1e-4)
 
 
@@ -81,3 +84,88 @@ def test_export_cli_refuses_replicate_with_throughput(capsys) -> None:
 
     assert main(["ckpt", "--repo", "r", "--name", "m", "--mode", "throughput", "--replicate"]) == 2
     assert "--replicate expected only with --mode latency, received --mode throughput" in capsys.readouterr().err
+
+
+def _stage_block(channels: int = 8, side: int = 4):
+    """A ResNet stage's later block at small scale: PolyNorm, PolyAct, conv, PolyNorm, PolyAct, conv, identity add,
+    on a (C, side, side) input whose C·side² values fill a quarter of the smallest ring's slots (refresh rounds start
+    a segment like this one from a freshly encrypted cut)."""
+    import torch
+    from torch import nn
+    from veil.export import export_graph
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(_CONV.norm(channels), _CONV.act(channels),
+                                      nn.Conv2d(channels, channels, 3, padding=1), _CONV.norm(channels),
+                                      _CONV.act(channels), nn.Conv2d(channels, channels, 3, padding=1))
+
+        def forward(self, x):
+            return self.body(x) + x
+
+    torch.manual_seed(3)
+    return export_graph(Block().eval(), (torch.randn(4, channels, side, side),), ["x"], ["y"],
+                        {"x": {0: "batch"}}).model
+
+
+def _products(plan: Plan) -> int:
+    return sum(len(plan.tensors[part["masks"]]) for op in plan.ops if op["op"] == "linear"
+               for row in op["diagonals"] for part in (row or []) if part is not None)
+
+
+def test_replicated_block_merges_diagonals_modulo_the_period_and_runs_encrypted() -> None:
+    # a conv over C channels laid out C x (side x side) has offsets (c_in - c_out) side² + tap: (2C - 1) k² diagonals
+    # in a block; a replicated block (the client tiles it) is cyclic, so those equal modulo C side² merge: C k²
+    model = _stage_block()
+    plain, tiled = (compile(model, mode="latency", replicate=r) for r in (False, True))
+    assert plain.spec["period"] == 2 * tiled.spec["period"] == 256  # PolyNorm's window doubles only the plain block
+    assert tiled.spec["window"] == tiled.spec["period"]  # its block sums are cyclic
+    assert _products(tiled) <= 0.6 * _products(plain), (_products(tiled), _products(plain))
+    assert tiled.spec["rotations"]["rotations"] < plain.spec["rotations"]["rotations"]
+    x = np.random.default_rng(5).normal(size=(2, 8, 4, 4))
+    reference = ort_run(model, x)
+    np.testing.assert_allclose(simulate(tiled, x), reference, atol=2e-4, rtol=1e-4)
+    out, steps = encrypted(tiled, x)
+    np.testing.assert_allclose(out, reference, atol=TOLERANCE, rtol=0)
+    assert set(steps) <= set(tiled.galois_steps)
+
+
+def _two_scale_cnn():
+    """16 channels at 16 x 16 (a block that fills N = 8192's slots: one image per ciphertext), a stride-2 conv, then
+    16 channels at 8 x 8 (a quarter of them): deeper than one set at N <= 8192, so cut into refresh rounds."""
+    import torch
+    from torch import nn
+    from veil.export import export_graph
+
+    torch.manual_seed(4)
+    layers = [nn.Conv2d(4, 16, 3, padding=1), _CONV.act(16), nn.Conv2d(16, 16, 3, stride=2, padding=1), _CONV.act(16),
+              nn.Conv2d(16, 16, 3, padding=1), _CONV.act(16), nn.Conv2d(16, 16, 3, padding=1), _CONV.act(16),
+              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5)]
+    return export_graph(nn.Sequential(*layers).eval(), (torch.randn(4, 4, 16, 16),), ["x"], ["logits"],
+                        {"x": {0: "batch"}}).model
+
+
+def test_refresh_segments_are_replicated_where_a_request_holds_one_image_anyway() -> None:
+    from veil.he.segments import compile_segmented
+
+    model = _two_scale_cnn()
+    options = {"precision_bits": 14, "refresh": True, "max_poly_modulus_degree": 8192}
+    auto, off = compile_segmented(model, **options), compile_segmented(model, replicate=False, **options)
+    assert auto.cuts == off.cuts and auto.rounds >= 2
+    assert min(p.batch_capacity for p in off.plans) == 1  # the 16 x 16 x 16 block fills the ring
+    tiled = [p.replicated for p in auto.plans]
+    assert tiled == [p.spec["period"] < p.slots for p in off.plans] == auto.report["replicated"]
+    assert any(tiled) and not tiled[0] and not any(p.replicated for p in off.plans)
+    for a, o in zip(auto.plans, off.plans, strict=True):  # never more work for the one image
+        assert _products(a) <= _products(o) and a.spec["rotations"]["rotations"] <= o.spec["rotations"]["rotations"]
+    assert sum(map(_products, auto.plans)) < sum(map(_products, off.plans))
+    x = np.random.default_rng(6).normal(size=(2, 4, 16, 16))
+    reference, y = ort_run(model, x), x
+    for plan in auto.plans:  # the slot program of each round, the client re-encoding between them
+        y = simulate(plan, y)
+    np.testing.assert_allclose(y, reference, atol=2e-4, rtol=1e-4)
+    batched = compile_segmented(_stage_block(), precision_bits=14, refresh=True)  # 8 images per ciphertext: as is
+    assert batched.plans[0].batch_capacity > 1 and not any(p.replicated for p in batched.plans)
+    forced = compile_segmented(_stage_block(), precision_bits=14, refresh=True, replicate=True)
+    assert all(p.replicated and p.batch_capacity == 1 for p in forced.plans)
