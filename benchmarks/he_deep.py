@@ -241,13 +241,16 @@ MIN_PHOTOS32_ACCURACY = 0.60
 
 def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int, encoded_mb: int,
                          max_minutes: float, min_accuracy: float = MIN_PHOTOS32_ACCURACY,
-                         precision_bits: int = 20) -> dict[str, Any]:
+                         precision_bits: int = 20, tutorial: bool = True) -> dict[str, Any]:
     """A CIFAR-size (32x32x3) PolyResNet end to end: ``veil export he --refresh`` and ``veil serve`` each in a
     process of their own (so the server's and the client's peak RSS are told apart), ``HeSession`` here.
 
     The images are spread evenly over the test split (sorted by class: 4 of each of 12 classes for 50); the first
     request holds one image; the next ones as many as one ciphertext of every segment holds. Requests
-    stop once ``max_minutes`` have passed (the images actually run are reported, never extrapolated)."""
+    stop once ``max_minutes`` have passed (the images actually run are reported, never extrapolated).
+    With ``tutorial``, TenSEAL Tutorial 4's own network at 28x28, run by the tutorial's code at TenSEAL's default
+    thread count (benchmarks/he_cnn.py's ``Tenseal``), takes one image after every request: issue 35's yardstick
+    ("<= 20x the tutorial network's one-image time in the same run"), measured interleaved request by request."""
     import resource
 
     from veil.training.uldnet.photos import load_photos32
@@ -268,7 +271,13 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
     x, y = data.x_test[pick], data.y_test[pick]
     plain = ort.InferenceSession(graph.SerializeToString()).run(None, {"x": x})[0]
     del model, graph
-    rows, logits = [], []
+    rows, logits, tutorial_s, tenseal, x28 = [], [], [], None, None
+    if tutorial:
+        from he_cnn import Tenseal, TutorialNet, digits_28, train_tutorial
+
+        digits = load_digits_preset()
+        x28 = digits_28(digits.x_test).astype(np.float64)
+        tenseal = Tenseal(train_tutorial(TutorialNet(), digits_28(digits.x_train), digits.y_train, 100), None)
     server = ServeProcess(repo, ["--he-encoded-mb", str(encoded_mb), "--he-processes", "1"])
     with server as url:
         start = time.perf_counter()
@@ -282,6 +291,9 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
             logits.append(out)
             rows.append(row)
             i += row["images"]
+            if tenseal is not None:  # the tutorial's one image, between two of this model's requests
+                k = len(tutorial_s) % len(x28)
+                tutorial_s.append(tenseal.call(x28[k:k + 1])[1])
             (ck / "he_rows.partial.json").write_text(json.dumps(  # a crash below must not lose an hour's rows
                 {"rows": rows, "logits": np.concatenate(logits).tolist(), "keygen_s": keygen_s}))
             print(f"resnet: {i}/{images} images, {rows[-1]['total_s']:.1f} s for the last request", file=sys.stderr)
@@ -314,6 +326,9 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
         "export_compile_s": export_s, "export_peak_rss_gb": export_gb, "server_peak_rss_gb": server.peak_rss_gb,
         "client_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "encoded_mb": encoded_mb, "test_accuracy": accuracy,
+        **({"tutorial_one_image_s": {"median_s": statistics.median(tutorial_s), "min_s": min(tutorial_s),
+                                     "max_s": max(tutorial_s), "calls": len(tutorial_s),
+                                     "threads": tenseal.threads}} if tutorial_s else {}),
     }
 
 
@@ -405,6 +420,24 @@ def _details(label: str, r: dict[str, Any]) -> str:
         f"Why these cuts: {r['why'].split(' (', 1)[0]}; " + r["why"].rsplit("); ", 1)[-1] + ".")
 
 
+RESNET_TUTORIAL_RATIO = 20  # issue 35: a CIFAR-size ResNet's one image in <= 20x the tutorial network's
+
+
+def _against_tutorial(r: dict[str, Any]) -> list[str]:
+    """The ResNet's one-image time against TenSEAL's tutorial network measured in the same run (issue 35's target)."""
+    t = r.get("tutorial_one_image_s")
+    if not t:
+        return []
+    total, server = r["seconds_per_image"]["total_s"], r["seconds_per_image"]["server_s"]
+    ratio = total / t["median_s"]
+    return ["", f"Against TenSEAL Tutorial 4's network at 28x28, run by the tutorial's code at {t['threads']} threads "
+                f"one image after each request of this run ({t['calls']} calls): {t['median_s']:.2f} s median "
+                f"(spread {t['min_s']:.2f}-{t['max_s']:.2f} s, the tutorial's evaluation alone). This model's one "
+                f"image, {total:.1f} s end to end ({server:.1f} s on the server), is {ratio:.1f}x that "
+                f"({server / t['median_s']:.1f}x server only): target <= {RESNET_TUTORIAL_RATIO}x "
+                + ("**met**." if ratio <= RESNET_TUTORIAL_RATIO else "**missed**.")]
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     deep = "PolyMLP" if report.get("arch") == "mlp" else "PolyCNN"
@@ -441,7 +474,7 @@ def markdown(report: dict[str, Any]) -> str:
                       f"`veil export he` {r['export_compile_s']:.0f} s at {r['export_peak_rss_gb']:.1f} GB; `veil serve` "
                       f"(its own process, masks encoded at load up to {r['encoded_mb']} MiB) peak RSS "
                       f"{r['server_peak_rss_gb']:.1f} GB; the client (this process, torch and the ONNX reference "
-                      f"included) {r['client_peak_rss_gb']:.1f} GB.", ""]
+                      f"included) {r['client_peak_rss_gb']:.1f} GB.", *_against_tutorial(r), ""]
     if report.get("ring_65536"):
         r = report["ring_65536"]
         lines += ["", f"N = 65536 (28 levels, log2 Q = {r['log2_q']} <= {r['he_standard_128_bound']}): SEAL's "
@@ -487,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resnet-precision-bits", type=int, default=20,
                         help="PolyResNet export's fractional bits (17: ResNet-20's last stage fits N = 16384, "
                              "but its argmax agrees on 3 of 9 images: docs/he.md)")
+    parser.add_argument("--no-tutorial", action="store_true", help="leave out the TenSEAL tutorial calls "
+                        "interleaved with the PolyResNet's requests (the 20x yardstick)")
     parser.add_argument("--resnet-images", type=int, default=50, help="photos32 test images run encrypted")
     parser.add_argument("--resnet-minutes", type=float, default=60.0, help="no new PolyResNet request after this")
     parser.add_argument("--max-key-mib", type=int, default=1024, help="PolyResNet export's key budget (veil export "
@@ -533,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
             prenorm = bool(model.get("norm", {}).get("channel_prenorm", False))
             key = resnet_key(model["width"], model["depth"], p) + ("-prenorm" if prenorm else "")
             row = run_resnet_encrypted(ck, Path(tmp) / "resnet", args.resnet_images, args.max_key_mib,
-                                       args.encoded_mb, args.resnet_minutes, precision_bits=p)
+                                       args.encoded_mb, args.resnet_minutes, precision_bits=p,
+                                       tutorial=not args.no_tutorial)
             report["resnets"][key] = {**row, "config": {"width": model["width"], "depth": model["depth"],
                                                         "precision_bits": p, "channel_prenorm": prenorm}}
             report.get("carried", {}).pop(resnet_label(report["resnets"][key]), None)
