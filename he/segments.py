@@ -229,7 +229,13 @@ def replicated_segments(plans: list[Plan], replicate: bool | None) -> list[bool]
         return [bool(replicate) and p.mode == "latency" for p in plans]
     if min(int(p.spec["batch_capacity"]) for p in plans) > 1:
         return [False] * len(plans)
-    return [p.replicated or int(p.spec["period"]) < p.slots for p in plans]
+    return [p.replicated or replicated_period(p) < p.slots for p in plans]
+
+
+def replicated_period(plan: Plan) -> int:
+    """The block a latency plan would have replicated: its values' extent, which an unreplicated plan doubles for a
+    broadcast window (``window`` = the extent there) and a replicated one does not (block sums are cyclic)."""
+    return int(plan.spec.get("window") or plan.spec["period"])
 
 
 def _replicate_single(single: SegmentedPlan, model: onnx.ModelProto, mode: str, precision_bits: int,

@@ -114,6 +114,13 @@ def _products(plan: Plan) -> int:
                for row in op["diagonals"] for part in (row or []) if part is not None)
 
 
+def test_replicated_period_is_the_extent_without_the_broadcast_window() -> None:
+    from veil.he.segments import replicated_period
+
+    plain, tiled = (compile(_stage_block(), mode="latency", replicate=r) for r in (False, True))
+    assert replicated_period(plain) == replicated_period(tiled) == tiled.spec["period"] == plain.spec["period"] // 2
+
+
 def test_replicated_block_merges_diagonals_modulo_the_period_and_runs_encrypted() -> None:
     # a conv over C channels laid out C x (side x side) has offsets (c_in - c_out) side² + tap: (2C - 1) k² diagonals
     # in a block; a replicated block (the client tiles it) is cyclic, so those equal modulo C side² merge: C k²
@@ -147,7 +154,7 @@ def _two_scale_cnn():
 
 
 def test_refresh_segments_are_replicated_where_a_request_holds_one_image_anyway() -> None:
-    from veil.he.segments import compile_segmented
+    from veil.he.segments import compile_segmented, replicated_period
 
     model = _two_scale_cnn()
     options = {"precision_bits": 14, "refresh": True, "max_poly_modulus_degree": 8192}
@@ -155,7 +162,7 @@ def test_refresh_segments_are_replicated_where_a_request_holds_one_image_anyway(
     assert auto.cuts == off.cuts and auto.rounds >= 2
     assert min(p.batch_capacity for p in off.plans) == 1  # the 16 x 16 x 16 block fills the ring
     tiled = [p.replicated for p in auto.plans]
-    assert tiled == [p.spec["period"] < p.slots for p in off.plans] == auto.report["replicated"]
+    assert tiled == [replicated_period(p) < p.slots for p in off.plans] == auto.report["replicated"]
     assert any(tiled) and not tiled[0] and not any(p.replicated for p in off.plans)
     for a, o in zip(auto.plans, off.plans, strict=True):  # never more work for the one image
         assert _products(a) <= _products(o) and a.spec["rotations"]["rotations"] <= o.spec["rotations"]["rotations"]
