@@ -439,6 +439,32 @@ def test_deep_model_runs_in_refresh_rounds_and_matches_plaintext(deep_repo, deep
     np.testing.assert_allclose(again.decrypt(again.infer(again.encrypt(x))), logits, atol=1e-2)
 
 
+@pytest.fixture(scope="module")
+def replicated_deep_live(deep_repo, oip, tmp_path_factory):
+    """The same depth-2 PolyMLP exported with --refresh --replicate (every segment one image per ciphertext, its block
+    tiled by the client), behind a server of its own (its key sets count against no other test's source bound)."""
+    _, _, manifest = deep_repo
+    repo = tmp_path_factory.mktemp("he-deep-one") / "repo"
+    one = export_he(manifest["source"]["checkpoint"], repo, "deep-he-one", refresh=True,
+                    max_poly_modulus_degree=16384, replicate=True)
+    with oip.live_server(oip.make_config(repo)) as (url, _server):
+        yield f"http://{url}", one
+
+
+def test_replicated_refresh_rounds_tile_each_image_and_match_plaintext(deep_repo, replicated_deep_live,
+                                                                       tmp_path) -> None:
+    repo, data, _ = deep_repo
+    url, manifest = replicated_deep_live
+    assert manifest["rounds"] == 2 and manifest["segmentation"]["replicated"] == [True, True]
+    session = HeSession.create(url, "deep-he-one", tmp_path / "k.keyring")
+    assert all(s["plan"]["replicated"] and s["plan"]["batch_capacity"] == 1 for s in session.he["segments"])
+    x = data.x_test[:3]  # three ciphertexts a round, each one image repeated over its slots
+    logits = session.run(x)
+    expected = reference(repo, x)
+    assert np.abs(logits - expected).max() < 1e-2 and np.array_equal(logits.argmax(1), expected.argmax(1))
+    assert [r["round"] for r in session.last_rounds] == [0, 1]
+
+
 def test_deep_model_through_the_cli(deep_repo, deep_live, tmp_path, capsys) -> None:
     from veil.he.cli import main
 
