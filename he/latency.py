@@ -89,13 +89,25 @@ def pack_latency(builder, in_value: str, replicate: bool = False) -> dict[str, A
     period = 2 * extent if broadcasts and not replicate else extent
     if period > MAX_SLOTS >= extent:  # one block fills the largest ring: block sums wrap (packing.sum_steps)
         period = extent
-    if replicate:  # offsets equal modulo the period are one diagonal: the split is chosen again over them
+    if replicate:  # offsets equal modulo the period may be one diagonal: each op takes its cheapest representation
         for op, plan in zip(ops, plans, strict=True):
             if op["op"] == "linear":
-                inputs = [layouts[v] for v in op["inputs"]]
-                _, plan["modulus"], plan["signed"] = _cost(plan["layout"], inputs, plan["terms"], op, values,
-                                                           plan["folds"], period)
-    return _materialize(builder, ops, plans, layouts, period, window, replicate)
+                _wrap_offsets(op, plan, [layouts[v] for v in op["inputs"]], values, period)
+    return _materialize(builder, ops, plans, layouts, period, window)
+
+
+def _wrap_offsets(op: dict[str, Any], plan: dict[str, Any], inputs: list[Layout], values, period: int) -> None:
+    """A replicated op's offsets as they are, modulo the period in [0, D) or centred in [-D/2, D/2) (all equal
+    rotations on a tiled ciphertext): the one with the fewest rotations plus products / PRODUCTS_PER_ROTATION
+    (merging shrinks the products, but a split over the merged offsets can take more rotations), its split kept."""
+    best = None
+    for wrap in (0, period, -period):
+        rotations, modulus, signed = _cost(plan["layout"], inputs, plan["terms"], op, values, plan["folds"], wrap)
+        total = rotations + _products(plan["layout"], inputs, plan["terms"], op, values, plan["folds"],
+                                      wrap) / PRODUCTS_PER_ROTATION
+        if best is None or total < best[0]:
+            best = (total, wrap, modulus, signed)
+    _, plan["wrap"], plan["modulus"], plan["signed"] = best
 
 
 def _clean_outputs(ops: list[dict[str, Any]], wide: set[str], producer: dict[str, Any]) -> set[str]:
@@ -189,15 +201,15 @@ def fold_rows(rows: np.ndarray, sources: np.ndarray, fold: tuple[int, int] | Non
     return rows + stride * np.clip((sources - rows) // stride, 0, count - 1)
 
 
-def _products(layout: Layout, inputs: list[Layout], terms, op: dict[str, Any], values, folds) -> int:
-    """Masked diagonals (one plaintext product each) of the op with ``folds``."""
+def _products(layout: Layout, inputs: list[Layout], terms, op: dict[str, Any], values, folds, wrap: int = 0) -> int:
+    """Masked diagonals (one plaintext product each) of the op with ``folds`` (``wrap`` as :func:`_offsets`)."""
     count = 0
     for out, row, fold in zip(op["outputs"], terms, folds, strict=True):
         for i, (r, c, _) in enumerate(row):
             if len(r):
                 rows = layout.positions[r] if values[out]["features"] > 1 else np.zeros(len(r), dtype=np.int64)
                 src = _sources(inputs[i], c, rows)
-                count += len(np.unique(src - fold_rows(rows, src, fold)))
+                count += len(np.unique(_offsets(src, fold_rows(rows, src, fold), wrap)))
     return count
 
 
@@ -210,7 +222,7 @@ def _block(layout: Layout, extent: int) -> int:
 def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any], values,
           folds: list[tuple[int, int] | None] | None = None, wrap: int = 0) -> tuple[int, int, bool]:
     """(rotations, modulus, signed) of the op's cheapest baby-step / giant-step split, fold rotations included
-    (``wrap``: a replicated plan's period, offsets taken modulo it; 0: as they are)."""
+    (``wrap`` as :func:`_offsets`)."""
     folds = folds or [None] * len(op["outputs"])
     per_input: list[list[np.ndarray]] = [[] for _ in inputs]
     per_output: list[np.ndarray] = []
@@ -232,10 +244,13 @@ def _cost(layout: Layout | None, inputs: list[Layout], terms, op: dict[str, Any]
     return rotations + sum(len(fold_steps(f)) for f in folds), modulus, signed
 
 
-def _offsets(sources: np.ndarray, rows: np.ndarray, wrap: int) -> np.ndarray:
-    """The rotation each product needs (``source - row``), modulo ``wrap`` in [0, wrap) when it is set."""
+def _offsets(sources: np.ndarray, rows: np.ndarray, wrap: int = 0) -> np.ndarray:
+    """The rotation each product needs, ``source - row``: as it is (``wrap`` 0), or on a replicated ciphertext of
+    period D modulo D, in [0, D) (``wrap`` = D) or centred in [-D/2, D/2) (``wrap`` = -D)."""
     deltas = sources - rows
-    return np.mod(deltas, wrap) if wrap else deltas
+    if wrap > 0:
+        return np.mod(deltas, wrap)
+    return np.mod(deltas - wrap // 2, -wrap) + wrap // 2 if wrap < 0 else deltas
 
 
 def _sources(layout: Layout, columns: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -244,7 +259,7 @@ def _sources(layout: Layout, columns: np.ndarray, rows: np.ndarray) -> np.ndarra
 
 
 def _materialize(builder, ops: list[dict[str, Any]], plans: list[dict[str, Any]], layouts: dict[str, Layout],
-                 period: int, window: int, replicate: bool = False) -> dict[str, Any]:
+                 period: int, window: int) -> dict[str, Any]:
     """The packed ops with their tensors: masks (n, D) per (output, input), block biases and constants."""
     tensors: dict[str, np.ndarray] = {}
 
@@ -267,7 +282,7 @@ def _materialize(builder, ops: list[dict[str, Any]], plans: list[dict[str, Any]]
         elif op["op"] == "sumsq":
             record["window"] = window
         elif op["op"] == "linear":
-            record.update(_pack_linear(op, plan, layouts, period, tensor, place, builder, replicate), window=window)
+            record.update(_pack_linear(op, plan, layouts, period, tensor, place, builder), window=window)
         packed.append(record)
     out_values = {}
     for v, info in builder.values.items():
@@ -281,7 +296,7 @@ def _materialize(builder, ops: list[dict[str, Any]], plans: list[dict[str, Any]]
     return {"ops": packed, "values": out_values, "tensors": tensors, "period": period, "window": window}
 
 
-def _pack_linear(op, plan, layouts, period, tensor, place, builder, replicate: bool = False) -> dict[str, Any]:
+def _pack_linear(op, plan, layouts, period, tensor, place, builder) -> dict[str, Any]:
     inputs = [layouts[v] for v in op["inputs"]]
     modulus, signed = plan["modulus"], plan["signed"]
     diagonals, broadcast, babies, giants = [], [], [set() for _ in inputs], []
@@ -296,7 +311,7 @@ def _pack_linear(op, plan, layouts, period, tensor, place, builder, replicate: b
             rows = out_positions[r] if out_positions is not None else np.zeros(len(r), dtype=np.int64)
             src = _sources(inputs[i], c, rows)
             rows = fold_rows(rows, src, fold)
-            offsets, inverse = np.unique(_offsets(src, rows, period if replicate else 0), return_inverse=True)
+            offsets, inverse = np.unique(_offsets(src, rows, plan.get("wrap", 0)), return_inverse=True)
             masks = np.zeros((len(offsets), period))
             np.add.at(masks, (inverse, rows), vals)
             diagonals[-1].append({"offsets": offsets.tolist(), "masks": tensor(masks)})
