@@ -309,8 +309,11 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
     return {
         "images": ran, "images_asked": images, "images_per_request": batch, "rounds": manifest["rounds"],
         "cuts": manifest["cuts"], "max_minutes": max_minutes,
-        "segments": [{"levels": seg["levels"], "poly_modulus_degree": seg["poly_modulus_degree"]}
-                     for seg in manifest["report"]["segments"]],
+        "segments": [{"levels": seg["levels"], "poly_modulus_degree": seg["poly_modulus_degree"],
+                      "replicated": tiled}
+                     for seg, tiled in zip(manifest["report"]["segments"],
+                                           manifest["report"].get("replicated", [False] * manifest["rounds"]),
+                                           strict=True)],
         "unsegmented_levels": json.loads((ck / "metrics.json").read_text()).get("depth_total"),
         "why": manifest["report"]["why"],
         "argmax_agreement": float((done.argmax(1) == plain[:ran].argmax(1)).mean()),
@@ -397,7 +400,8 @@ def _row(label: str, r: dict[str, Any]) -> str:
         return f"| {label} | not reported: {r['skipped']} |" + " |" * 12
     s = r["seconds_per_image"]
     return (f"| {label} | {r['unsegmented_levels']} | {r['rounds']} | {', '.join(r['cuts'])} | "
-            + ", ".join(f"{g['levels']} @ {g['poly_modulus_degree']}" for g in r["segments"])
+            + ", ".join(f"{g['levels']} @ {g['poly_modulus_degree']}" + (" (r)" if g.get("replicated") else "")
+                        for g in r["segments"])
             + f" | {r['images']} ({r.get('images_per_request', '?')} per request) | {100 * r['argmax_agreement']:.1f} % | "
               f"{100 * r['accuracy_encrypted']:.1f} / {100 * r['accuracy_plaintext']:.1f} % | {s['total_s']:.2f} | "
               f"{s['server_s']:.2f} | {s['refresh_s']:.3f} | {s['network_s']:.3f} | {s['encrypt_decrypt_s']:.3f} | "
@@ -454,7 +458,7 @@ def markdown(report: dict[str, Any]) -> str:
         + "".join(f" The {label} row is carried over from the previous run ({previous['command']!r}, "
                   f"{previous['date']}), not measured in this one." for label, previous in report.get("carried", {}).items()),
         "",
-        "| model | levels (unsegmented) | rounds | cuts | segments (levels @ N) | images | argmax agreement vs ORT | "
+        "| model | levels (unsegmented) | rounds | cuts | segments (levels @ N; (r): replicated) | images | argmax agreement vs ORT | "
         "accuracy enc / plain | s/image total | server | client refresh | network | encrypt+decrypt | max abs logit err |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(_row(label, r) for label, r in models), "",
