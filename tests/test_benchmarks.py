@@ -332,6 +332,17 @@ def test_he_deep_refuses_to_report_a_model_below_90_percent(load_benchmark, tmp_
     assert "not reported: plain test accuracy 33.6 %" in module._row("PolyCNN", row)
 
 
+def test_he_deep_states_the_resnet_against_the_tutorial_measured_in_the_same_run(load_benchmark) -> None:
+    module = load_benchmark("he_deep")
+    row = {"seconds_per_image": {"total_s": 60.0, "server_s": 58.0},
+           "tutorial_one_image_s": {"median_s": 4.0, "min_s": 3.5, "max_s": 4.5, "calls": 50, "threads": "2"}}
+    [_, line] = module._against_tutorial(row)
+    assert "15.0x that (14.5x server only): target <= 20x **met**" in line and "(50 calls)" in line
+    row["seconds_per_image"]["total_s"] = 81.0
+    assert module._against_tutorial(row)[1].endswith("20.2x that (14.5x server only): target <= 20x **missed**.")
+    assert module._against_tutorial({"seconds_per_image": {"total_s": 1.0}}) == []  # a row from before: no claim
+
+
 @pytest.mark.slow
 def test_he_deep_benchmark_quick(load_benchmark, tmp_path) -> None:
     module = load_benchmark("he_deep")
