@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import shlex
@@ -38,11 +39,32 @@ def run_child(command: list[str]) -> tuple[float, float, str]:
     return wall, max(peak, before) / 1e6, done.stdout  # ru_maxrss is in kB on Linux
 
 
+def _peak_rss_gb(pid: int) -> float | None:
+    """A live process's peak resident set (VmHWM), GB; None when it is gone."""
+    try:
+        return int(re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1e6
+    except (OSError, AttributeError):
+        return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux /proc/<pid>/task/<tid>/children)."""
+    found, stack = [], [pid]
+    while stack:
+        for task in Path(f"/proc/{stack.pop()}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children = [int(c) for c in (task / "children").read_text().split()]
+                found += children
+                stack += children
+    return found
+
+
 class ServeProcess:
     """``veil serve`` as a process of its own on 127.0.0.1 (its memory told apart from the client's).
 
     ``with ServeProcess(repo, ["--he-encoded-mb", "512"]) as url: ...``; ``peak_rss_gb`` (VmHWM) is read
-    before the server is stopped."""
+    before the server is stopped, and ``worker_peak_rss_gb`` the same of each process it forked (``--he-processes``:
+    pages shared copy-on-write with the server count in both)."""
 
     def __init__(self, repo: Path, flags: list[str] | None = None, timeout_s: float = 900.0) -> None:
         with socket.socket() as s:
@@ -51,6 +73,7 @@ class ServeProcess:
         self.command = [*VEIL, "serve", "--repo", str(repo), "--port", str(self.port), "--log-level", "warning",
                         *(flags or [])]
         self.timeout_s, self.peak_rss_gb, self.process = timeout_s, None, None
+        self.worker_peak_rss_gb: list[float] = []
 
     def __enter__(self) -> str:
         self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -70,11 +93,8 @@ class ServeProcess:
             time.sleep(0.5)
 
     def __exit__(self, *exc: Any) -> None:
-        try:
-            status = Path(f"/proc/{self.process.pid}/status").read_text()
-            self.peak_rss_gb = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1e6
-        except (OSError, AttributeError):
-            pass
+        self.peak_rss_gb = _peak_rss_gb(self.process.pid)
+        self.worker_peak_rss_gb = [g for g in map(_peak_rss_gb, _descendants(self.process.pid)) if g is not None]
         self.process.terminate()
         try:
             self.process.wait(timeout=60)

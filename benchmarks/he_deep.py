@@ -229,8 +229,10 @@ def resnet_label(row: dict[str, Any]) -> str:
     """The table's name of a PolyResNet row: its width and blocks per stage, its precision where it is not the
     default 20 bits, and whether its PolyNorms standardize each channel first (PolyNormConfig.channel_prenorm)."""
     c = row.get("config", {})
+    processes = c.get("he_processes", 1)
     extra = (f", {c['precision_bits']} bits" if c.get("precision_bits", 20) != 20 else "") + \
-        (", channel prenorm" if c.get("channel_prenorm") else "")
+        (", channel prenorm" if c.get("channel_prenorm") else "") + \
+        ("" if processes == 1 else ", every core" if processes == 0 else f", {processes} processes")
     return f"PolyResNet w{c.get('width')} d{c.get('depth')} (photos32{extra})"
 
 
@@ -241,7 +243,7 @@ MIN_PHOTOS32_ACCURACY = 0.60
 
 def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int, encoded_mb: int,
                          max_minutes: float, min_accuracy: float = MIN_PHOTOS32_ACCURACY,
-                         precision_bits: int = 20, tutorial: bool = True) -> dict[str, Any]:
+                         precision_bits: int = 20, tutorial: bool = True, processes: int = 1) -> dict[str, Any]:
     """A CIFAR-size (32x32x3) PolyResNet end to end: ``veil export he --refresh`` and ``veil serve`` each in a
     process of their own (so the server's and the client's peak RSS are told apart), ``HeSession`` here.
 
@@ -250,7 +252,8 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
     stop once ``max_minutes`` have passed (the images actually run are reported, never extrapolated).
     With ``tutorial``, TenSEAL Tutorial 4's own network at 28x28, run by the tutorial's code at TenSEAL's default
     thread count (benchmarks/he_cnn.py's ``Tenseal``), takes one image after every request: issue 35's yardstick
-    ("<= 20x the tutorial network's one-image time in the same run"), measured interleaved request by request."""
+    ("<= 20x the tutorial network's one-image time in the same run"), measured interleaved request by request.
+    ``processes``: ``veil serve --he-processes`` (1: one core; 0: every core, veil.he.parallel's forked workers)."""
     import resource
 
     from veil.training.uldnet.photos import load_photos32
@@ -278,7 +281,7 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
         digits = load_digits_preset()
         x28 = digits_28(digits.x_test).astype(np.float64)
         tenseal = Tenseal(train_tutorial(TutorialNet(), digits_28(digits.x_train), digits.y_train, 100), None)
-    server = ServeProcess(repo, ["--he-encoded-mb", str(encoded_mb), "--he-processes", "1"])
+    server = ServeProcess(repo, ["--he-encoded-mb", str(encoded_mb), "--he-processes", str(processes)])
     with server as url:
         start = time.perf_counter()
         session = HeSession.create(url, "resnet-he", workdir / "keys" / "resnet.keyring", progress=False)
@@ -327,6 +330,7 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
                                      max(r["total_s"] / r["images"] for r in full)],
         "bytes_per_round": per_round, "keygen_register_s": keygen_s, "key_bytes": key_bytes,
         "export_compile_s": export_s, "export_peak_rss_gb": export_gb, "server_peak_rss_gb": server.peak_rss_gb,
+        "he_processes": processes, "server_worker_peak_rss_gb": server.worker_peak_rss_gb,
         "client_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "encoded_mb": encoded_mb, "test_accuracy": accuracy,
         **({"tutorial_one_image_s": {"median_s": statistics.median(tutorial_s), "min_s": min(tutorial_s),
@@ -477,7 +481,12 @@ def markdown(report: dict[str, Any]) -> str:
                       f"median (spread {r['seconds_per_image_spread'][0]:.1f}-{r['seconds_per_image_spread'][1]:.1f} s). "
                       f"`veil export he` {r['export_compile_s']:.0f} s at {r['export_peak_rss_gb']:.1f} GB; `veil serve` "
                       f"(its own process, masks encoded at load up to {r['encoded_mb']} MiB) peak RSS "
-                      f"{r['server_peak_rss_gb']:.1f} GB; the client (this process, torch and the ONNX reference "
+                      f"{r['server_peak_rss_gb']:.1f} GB"
+                      + (f" (its {r.get('he_processes') or 'every-core'} processes' workers "
+                         + ", ".join(f"{g:.1f}" for g in r["server_worker_peak_rss_gb"])
+                         + " GB each, pages shared copy-on-write counted in each)"
+                         if r.get("server_worker_peak_rss_gb") else "")
+                      + f"; the client (this process, torch and the ONNX reference "
                       f"included) {r['client_peak_rss_gb']:.1f} GB.", *_against_tutorial(r), ""]
     if report.get("ring_65536"):
         r = report["ring_65536"]
@@ -524,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resnet-precision-bits", type=int, default=20,
                         help="PolyResNet export's fractional bits (17: ResNet-20's last stage fits N = 16384, "
                              "but its argmax agrees on 3 of 9 images: docs/he.md)")
+    parser.add_argument("--he-processes", type=int, default=1, help="the PolyResNet server's processes per request "
+                        "(veil serve --he-processes; 0: every core)")
     parser.add_argument("--no-tutorial", action="store_true", help="leave out the TenSEAL tutorial calls "
                         "interleaved with the PolyResNet's requests (the 20x yardstick)")
     parser.add_argument("--resnet-images", type=int, default=50, help="photos32 test images run encrypted")
@@ -570,12 +581,14 @@ def main(argv: list[str] | None = None) -> int:
             ck = args.resnet_checkpoint or resnet_checkpoint(cache, args.resnet_width, args.resnet_depth)
             model = json.loads((ck / "config.json").read_text())["model"]
             prenorm = bool(model.get("norm", {}).get("channel_prenorm", False))
-            key = resnet_key(model["width"], model["depth"], p) + ("-prenorm" if prenorm else "")
+            key = resnet_key(model["width"], model["depth"], p) + ("-prenorm" if prenorm else "") + \
+                ("" if args.he_processes == 1 else f"-processes{args.he_processes}")
             row = run_resnet_encrypted(ck, Path(tmp) / "resnet", args.resnet_images, args.max_key_mib,
                                        args.encoded_mb, args.resnet_minutes, precision_bits=p,
-                                       tutorial=not args.no_tutorial)
+                                       tutorial=not args.no_tutorial, processes=args.he_processes)
             report["resnets"][key] = {**row, "config": {"width": model["width"], "depth": model["depth"],
-                                                        "precision_bits": p, "channel_prenorm": prenorm}}
+                                                        "precision_bits": p, "channel_prenorm": prenorm,
+                                                        "he_processes": args.he_processes}}
             report.get("carried", {}).pop(resnet_label(report["resnets"][key]), None)
     if args.ring_65536:
         report["ring_65536"] = ring_65536()
