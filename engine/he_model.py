@@ -34,7 +34,7 @@ from veil.he.envelope import open_envelope, seal_envelope
 from veil.he.errors import EnvelopeError, EvaluationFailed, HEError, MismatchError
 from veil.he.evaluate import PlanEvaluator
 from veil.he.galois import max_bundle_bytes
-from veil.he.parallel import ParallelEvaluator
+from veil.he.parallel import ParallelEvaluator, WorkerPool, default_processes
 from veil.he.params import describe
 from veil.he.plan import Plan
 from veil.he.rounds import RoundBook
@@ -70,13 +70,13 @@ class FanOut(Protocol):
 class ServedSegment:
     """One segment as the server runs it: plan, parameters, pre-encoded evaluator, hashes, request bound."""
 
-    def __init__(self, index: int, plan: Plan, max_ciphertexts: int, processes: int = 1,
+    def __init__(self, index: int, plan: Plan, max_ciphertexts: int, pool: WorkerPool | None = None,
                  encoded_bytes: int | None = None) -> None:
         self.index, self.plan, self.params = index, plan, plan.parameters()
-        # weights encoded here (up to encoded_bytes), not per call; processes != 1: workers forked after the
-        # encoding (veil.he.parallel)
-        self.evaluator = (PlanEvaluator(plan, self.params, encoded_bytes) if processes == 1 else
-                          ParallelEvaluator(plan, self.params, encoded_bytes, processes=processes or None))
+        # weights encoded here (up to encoded_bytes), not per call; with a pool (--he-processes != 1) the model's
+        # workers fork once every round has encoded its own (veil.he.parallel.WorkerPool)
+        self.evaluator = (PlanEvaluator(plan, self.params, encoded_bytes) if pool is None else
+                          ParallelEvaluator(plan, self.params, encoded_bytes, pool=pool))
         self.plan_hash, self.params_hash = plan.hash(), self.params.hash()
         self.max_ciphertexts = max_ciphertexts
 
@@ -111,9 +111,12 @@ class HeModel:
         try:
             self.segmented = SegmentedPlan.load(self.path.parent)  # a plain plan folder is one segment
             self.stages, budget = [], self.encoded_bytes  # one budget for the model, spent round by round
+            pool = None if self.processes == 1 else WorkerPool(self.processes or default_processes())
             for k, plan in enumerate(self.segmented.plans):
-                self.stages.append(ServedSegment(k, plan, self._max_ciphertexts(plan), self.processes, budget))
+                self.stages.append(ServedSegment(k, plan, self._max_ciphertexts(plan), pool, budget))
                 budget = self.stages[-1].evaluator.encoded_bytes_left
+            if pool is not None:
+                pool.start()  # one worker set for every round, each forked with all of them encoded
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path.parent}: {exc}") from None
         first = self.stages[0]  # what the first round (and a one-segment model) takes
@@ -273,7 +276,7 @@ class HeModel:
         self.ready = False
         for stage in getattr(self, "stages", []):
             if isinstance(stage.evaluator, ParallelEvaluator):
-                stage.evaluator.close()
+                stage.evaluator.close()  # the model's pool: the first close stops it, the rest find it stopped
 
 
 def key_upload_limit(plane: DataPlane) -> int | None:

@@ -17,6 +17,10 @@ whole ciphertexts to the workers instead.
 Keys: a worker receives a key set's bytes (``EvaluationKeys.to_bytes()``) the first time it meets it and keeps
 the last :data:`KEY_SETS` parsed. Input and partial ciphertexts travel serialized through a pipe.
 
+A deep model's rounds share one :class:`WorkerPool`: it forks once, after every round's evaluator has encoded its
+plaintexts, so a worker serves every round (messages name the evaluator) and parses each key set once. One pool per
+round instead forked a worker per round, each parsing the same N = 32768 key set (a ResNet-20's 10 rounds: ~17 GB).
+
 Failures: a worker that dies or fails is logged once; its share is recomputed in the parent (the request still
 gets the serial result), the pool is closed and forked again on the next request. Workers are daemon processes
 reading a pipe: they exit with the parent (``atexit``) or when the pipe closes (the parent was killed).
@@ -95,38 +99,29 @@ class _Worker:
             self.process.join(timeout=5)
 
 
-class ParallelEvaluator(PlanEvaluator):
-    """A :class:`PlanEvaluator` whose large latency-mode linear ops (and independent ciphertexts) use processes.
+class WorkerPool:
+    """Forked workers shared by the :class:`ParallelEvaluator` s added to it (a deep model's rounds).
 
-    Args:
-        plan, params, encoded_bytes: as :class:`PlanEvaluator`.
-        processes: processes per request, the parent included (default: the cores this process may use);
-            1 is the serial evaluator, no worker is forked.
-        min_rotations: a linear op costing fewer key switches stays in the parent.
-    """
+    :meth:`start` forks ``processes - 1`` workers, each inheriting every added evaluator's encoded plaintexts
+    copy-on-write; call it once all are added (an evaluator made without a pool owns one and starts it at once).
+    ``lock``: one op at a time on the workers; a concurrent request evaluates serially meanwhile."""
 
-    def __init__(self, plan, params, encoded_bytes: int | None = None, *, processes: int | None = None,
-                 min_rotations: int = MIN_ROTATIONS) -> None:
-        super().__init__(plan, params, encoded_bytes)
-        self.processes = default_processes() if processes is None else int(processes)
-        if self.processes < 1:
-            raise ValueError(f"ParallelEvaluator: processes expected >= 1, received {processes}")
-        self.min_rotations = min_rotations
+    def __init__(self, processes: int) -> None:
+        self.processes = int(processes)
+        self.evaluators: list[ParallelEvaluator] = []
         self.workers: list[_Worker] = []
-        self.failures = 0  # worker failures seen (tests and metrics)
-        self._lock = threading.Lock()
-        self._in_worker = False
-        self._op_index = {id(op): i for i, op in enumerate(plan.ops)}
-        self._keys: OrderedDict[int, EvaluationKeys] = OrderedDict()  # id -> keys (held, so an id is not reused)
-        self._current_keys: EvaluationKeys | None = None
-        self._current_op: dict[str, Any] | None = None
-        self._warned = False
-        if self.processes > 1:
-            self.start()
+        self.lock = threading.Lock()
+        self._exit_hook = False
 
-    # -- pool ----------------------------------------------------------------------------------------------
+    def add(self, evaluator: ParallelEvaluator) -> int:
+        """Register ``evaluator``; its index names it in the workers' messages (add all before :meth:`start`)."""
+        self.evaluators.append(evaluator)
+        return len(self.evaluators) - 1
+
     def start(self) -> None:
         """Fork the workers (each inherits the encoded plaintexts copy-on-write)."""
+        if self.processes < 2 or self.workers:
+            return
         context = multiprocessing.get_context("fork")
         for _ in range(self.processes - 1):
             parent_end, child_end = context.Pipe()
@@ -135,14 +130,67 @@ class ParallelEvaluator(PlanEvaluator):
             process.start()
             child_end.close()
             self.workers.append(_Worker(process, parent_end))
-        atexit.register(self.close)
+        if not self._exit_hook:
+            atexit.register(self.close)
+            self._exit_hook = True
 
     def close(self) -> None:
-        """Stop the workers (idempotent); the evaluator stays usable, serially, until :meth:`start`."""
+        """Stop the workers (idempotent); the evaluators stay usable, serially, until :meth:`start`."""
         workers, self.workers = self.workers, []
         for worker in workers:
             with contextlib.suppress(Exception):  # closing a dead worker's pipe: nothing more to do
                 worker.close()
+
+
+class ParallelEvaluator(PlanEvaluator):
+    """A :class:`PlanEvaluator` whose large latency-mode linear ops (and independent ciphertexts) use processes.
+
+    Args:
+        plan, params, encoded_bytes: as :class:`PlanEvaluator`.
+        processes: processes per request, the parent included (default: the cores this process may use);
+            1 is the serial evaluator, no worker is forked.
+        min_rotations: a linear op costing fewer key switches stays in the parent.
+        pool: a :class:`WorkerPool` shared with other evaluators (its ``processes`` apply; the caller starts it
+            once all are added); None: a pool of this evaluator's own, forked now.
+    """
+
+    def __init__(self, plan, params, encoded_bytes: int | None = None, *, processes: int | None = None,
+                 min_rotations: int = MIN_ROTATIONS, pool: WorkerPool | None = None) -> None:
+        super().__init__(plan, params, encoded_bytes)
+        if pool is None:
+            processes = default_processes() if processes is None else int(processes)
+            if processes < 1:
+                raise ValueError(f"ParallelEvaluator: processes expected >= 1, received {processes}")
+        self.pool = pool or WorkerPool(processes)
+        self.processes = self.pool.processes
+        self.index = self.pool.add(self)
+        self.min_rotations = min_rotations
+        self.failures = 0  # worker failures seen (tests and metrics)
+        self._in_worker = False
+        self._op_index = {id(op): i for i, op in enumerate(plan.ops)}
+        self._keys: OrderedDict[int, EvaluationKeys] = OrderedDict()  # id -> keys (held, so an id is not reused)
+        self._current_keys: EvaluationKeys | None = None
+        self._current_op: dict[str, Any] | None = None
+        self._warned = False
+        if pool is None:
+            self.start()
+
+    # -- pool ----------------------------------------------------------------------------------------------
+    @property
+    def workers(self) -> list[_Worker]:
+        return [] if self._in_worker else self.pool.workers
+
+    @property
+    def _lock(self) -> threading.Lock:
+        return self.pool.lock
+
+    def start(self) -> None:
+        """Fork the pool's workers (each inherits the encoded plaintexts copy-on-write)."""
+        self.pool.start()
+
+    def close(self) -> None:
+        """Stop the pool's workers (idempotent); the evaluator stays usable, serially, until :meth:`start`."""
+        self.pool.close()
 
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]
@@ -188,7 +236,7 @@ class ParallelEvaluator(PlanEvaluator):
         try:
             workers = list(self.workers)
             shares = [list(range(len(cts)))[k::len(workers) + 1] for k in range(len(workers) + 1)]
-            sent = self._send(workers, shares[1:], keys, lambda share: ("run", id(keys),
+            sent = self._send(workers, shares[1:], keys, lambda share: ("run", id(keys), self.index,
                                                                          [seal_to_bytes(cts[i]) for i in share]))
             out: dict[int, Ct] = {i: self._run_one([cts[i]], keys)[0] for i in shares[0]}
             for worker, share in zip(workers, shares[1:], strict=False):
@@ -245,7 +293,7 @@ class ParallelEvaluator(PlanEvaluator):
             op = self._op_index[id(self._current_op)]
             workers = list(self.workers)
             blobs = [seal_to_bytes(x) for x in xs]
-            sent = self._send(workers, shares[1:], keys, lambda share: ("bsgs", id(keys), op, blobs, share))
+            sent = self._send(workers, shares[1:], keys, lambda share: ("bsgs", id(keys), self.index, op, blobs, share))
             partials = [self.partial_sums(xs, outputs, shares[0], galois)]
             for worker, share in zip(workers, shares[1:], strict=False):
                 if not share:
@@ -323,16 +371,18 @@ class ParallelEvaluator(PlanEvaluator):
         return results
 
 
-def _worker_main(evaluator: ParallelEvaluator, conn: Any, parent_end: Any) -> None:
-    """A forked worker's loop: ("keys", token, bytes) | ("bsgs", token, op, x blobs, share) | ("run", token, blobs).
+def _worker_main(pool: WorkerPool, conn: Any, parent_end: Any) -> None:
+    """A forked worker's loop: ("keys", token, bytes) | ("bsgs", token, evaluator, op, x blobs, share) |
+    ("run", token, evaluator, blobs).
 
-    ``evaluator`` is the parent's object as it was at the fork (its encoded plaintexts shared copy-on-write)."""
+    ``pool`` is the parent's object as it was at the fork (its evaluators' encoded plaintexts shared copy-on-write)."""
     parent_end.close()
-    for other in evaluator.workers:  # the pipes of workers forked before this one
+    for other in pool.workers:  # the pipes of workers forked before this one
         other.conn.close()
-    evaluator._in_worker, evaluator.workers = True, []
+    pool.workers = []
+    for evaluator in pool.evaluators:
+        evaluator._in_worker = True
     keys: OrderedDict[int, EvaluationKeys] = OrderedDict()
-    ctx = evaluator.chain.ctx
     while True:
         try:
             message = conn.recv()
@@ -347,15 +397,15 @@ def _worker_main(evaluator: ParallelEvaluator, conn: Any, parent_end: Any) -> No
                 conn.send(("ok", None))
                 continue
             keys.move_to_end(token)
+            evaluator = pool.evaluators[message[2]]
+            ctx = evaluator.chain.ctx
             if kind == "bsgs":
-                _, _, op, blobs, share = message
+                _, _, _, op, blobs, share = message
                 xs = [seal_from_bytes(Ct(), ctx, blob) for blob in blobs]
-                outputs = evaluator.encoded[op]
-                galois = keys[token].galois
-                partial = evaluator.partial_sums(xs, outputs, share, galois)
+                partial = evaluator.partial_sums(xs, evaluator.encoded[op], share, keys[token].galois)
                 conn.send(("ok", {o: seal_to_bytes(ct) for o, ct in partial.items()}))
             elif kind == "run":
-                cts = [seal_from_bytes(Ct(), ctx, blob) for blob in message[2]]
+                cts = [seal_from_bytes(Ct(), ctx, blob) for blob in message[3]]
                 conn.send(("ok", [seal_to_bytes(evaluator._run_one([ct], keys[token])[0]) for ct in cts]))
             else:
                 conn.send(("error", f"unknown message {kind!r}"))

@@ -504,6 +504,32 @@ def test_a_deep_models_rounds_share_one_encoding_budget(deep_repo, oip) -> None:
         config.replace(he_encoded_mb=-1.0).validate()
 
 
+def test_a_deep_models_rounds_share_one_worker_pool(deep_repo, oip, tmp_path) -> None:
+    # --he-processes 2: one pool for the model, forked once after every round is encoded (a pool per round forked a
+    # worker per round, each parsing the same key set: a ResNet-20's 10 rounds took the server past 17 GB)
+    from veil.engine.dataplane import DataPlane
+    from veil.engine.metrics import Metrics
+    from veil.engine.server import open_keystore
+
+    repo, data, _ = deep_repo
+    config = oip.make_config(repo).replace(he_processes=2)
+    plane = DataPlane(repo, config.runtime_options(), Metrics(), lambda: open_keystore(config))
+    plane.load_all(["deep-he"])
+    stages = plane.models["deep-he"]["1"].stages
+    try:
+        pools = {id(stage.evaluator.pool) for stage in stages}
+        assert len(stages) == 2 and len(pools) == 1 and len(stages[0].evaluator.worker_pids()) == 1
+        assert stages[0].evaluator.worker_pids() == stages[1].evaluator.worker_pids()
+    finally:
+        stages[0].evaluator.close()
+    assert all(stage.evaluator.workers == [] for stage in stages)
+    with oip.live_server(config) as (url, _server):  # and the rounds run on it, end to end
+        session = HeSession.create(f"http://{url}", "deep-he", tmp_path / "k.keyring")
+        x = data.x_test[:3]
+        logits, expected = session.run(x), reference(repo, x)
+    assert np.abs(logits - expected).max() < 1e-2 and np.array_equal(logits.argmax(1), expected.argmax(1))
+
+
 def _resealed(envelope: bytes, **meta) -> bytes:
     """The same envelope with meta fields replaced (what a client could send)."""
     from veil.he.envelope import open_envelope, seal_envelope

@@ -101,3 +101,31 @@ def test_independent_ciphertexts_on_workers(conv) -> None:
         assert parallel.failures == 0
     finally:
         parallel.close()
+
+
+def test_a_shared_pool_serves_several_evaluators_with_one_worker(conv) -> None:
+    # a deep model's rounds: one pool, forked once after both evaluators encoded their plaintexts; a worker per
+    # round each parsing the same key set is what took a ResNet-20's server past the machine's memory
+    from veil.he.parallel import WorkerPool
+
+    plan, params, _, _, x, reference = conv
+    other = compile(_MODELS.exported("conv"), mode="latency", replicate=True)  # a second plan, the same parameters
+    assert other.parameters().hash() == params.hash() and other.hash() != plan.hash()
+    ring = SecretKeyring.generate(params, sorted(set(plan.galois_steps) | set(other.galois_steps)))
+    keys = ring.evaluation_keys()  # one key set for both rounds, as a client's for one parameter set
+    pool = WorkerPool(2)
+    first = ParallelEvaluator(plan, params, pool=pool, min_rotations=1)
+    second = ParallelEvaluator(other, params, pool=pool, min_rotations=1)
+    assert first.workers == second.workers == []  # nothing forked before the owner starts the pool
+    pool.start()
+    try:
+        (worker,) = pool.workers
+        assert first.worker_pids() == second.worker_pids() == [worker.process.pid]
+        np.testing.assert_allclose(_decrypted(first, plan, ring, keys, x), reference, atol=TOLERANCE, rtol=0)
+        got = other.decode_outputs(ring.decrypt(second.run(ring.encrypt(other.encode_inputs(x[:1])), keys)), 1)
+        np.testing.assert_allclose(got, reference[:1], atol=TOLERANCE, rtol=0)
+        assert list(worker.keys) == [id(keys)]  # sent and parsed once, for both evaluators
+        assert first.failures == second.failures == 0
+    finally:
+        pool.close()
+    assert first.workers == [] and second.workers == []
