@@ -15,7 +15,10 @@ serial result up to the order of additions (CKKS noise). A request with several 
 whole ciphertexts to the workers instead.
 
 Keys: a worker receives a key set's bytes (``EvaluationKeys.to_bytes()``) the first time it meets it and keeps
-the last :data:`KEY_SETS` parsed. Input and partial ciphertexts travel serialized through a pipe.
+the last :attr:`WorkerPool.key_sets` parsed: :data:`KEY_SETS`, or as many as the pool's evaluators have parameter
+sets, so a deep model's request never evicts a key set it needs again (a ResNet-20's three sets through a two-set
+LRU re-sent its 1 GB N = 32768 set every request: +17 s). Input and partial ciphertexts travel serialized through a
+pipe.
 
 A deep model's rounds share one :class:`WorkerPool`: it forks once, after every round's evaluator has encoded its
 plaintexts, so a worker serves every round (messages name the evaluator) and parses each key set once. One pool per
@@ -49,7 +52,7 @@ from veil.he.packing import decompose
 from veil.he.serialize import seal_from_bytes, seal_to_bytes
 
 logger = logging.getLogger("veil.he")
-KEY_SETS = 2  # parsed key sets a worker keeps (LRU, mirrored by the parent)
+KEY_SETS = 2  # parsed key sets a worker keeps at least (LRU, mirrored by the parent; WorkerPool.key_sets)
 MIN_ROTATIONS = 8  # a linear op with fewer key switches than this stays in the parent
 MULTIPLY_COST = 0.05  # a plaintext product, in key switches (N = 8192..16384, measured ~1/20)
 Ct = sa.Ciphertext
@@ -109,6 +112,7 @@ class WorkerPool:
     def __init__(self, processes: int) -> None:
         self.processes = int(processes)
         self.evaluators: list[ParallelEvaluator] = []
+        self.parameter_sets: set[str] = set()
         self.workers: list[_Worker] = []
         self.lock = threading.Lock()
         self._exit_hook = False
@@ -116,7 +120,14 @@ class WorkerPool:
     def add(self, evaluator: ParallelEvaluator) -> int:
         """Register ``evaluator``; its index names it in the workers' messages (add all before :meth:`start`)."""
         self.evaluators.append(evaluator)
+        self.parameter_sets.add(evaluator.plan.parameters().hash())
         return len(self.evaluators) - 1
+
+    @property
+    def key_sets(self) -> int:
+        """Parsed key sets a worker keeps: one per parameter set of the evaluators (a client's key set each), at
+        least :data:`KEY_SETS`."""
+        return max(KEY_SETS, len(self.parameter_sets))
 
     def start(self) -> None:
         """Fork the workers (each inherits the encoded plaintexts copy-on-write)."""
@@ -211,7 +222,7 @@ class ParallelEvaluator(PlanEvaluator):
         worker.send(("keys", token, keys.to_bytes()))
         worker.receive()
         worker.keys[token] = None
-        while len(worker.keys) > KEY_SETS:
+        while len(worker.keys) > self.pool.key_sets:
             worker.keys.popitem(last=False)
 
     # -- run -----------------------------------------------------------------------------------------------
@@ -222,7 +233,7 @@ class ParallelEvaluator(PlanEvaluator):
             self.start()  # after a failure
         self._keys[id(eval_keys)] = eval_keys
         self._keys.move_to_end(id(eval_keys))
-        while len(self._keys) > KEY_SETS + 1:
+        while len(self._keys) > self.pool.key_sets + 1:
             self._keys.popitem(last=False)
         self._current_keys = eval_keys
         if self.plan.mode != "latency" or len(cts) < 2:
@@ -392,7 +403,7 @@ def _worker_main(pool: WorkerPool, conn: Any, parent_end: Any) -> None:
             kind, token = message[0], message[1]
             if kind == "keys":
                 keys[token] = EvaluationKeys.from_bytes(message[2])
-                while len(keys) > KEY_SETS:
+                while len(keys) > pool.key_sets:
                     keys.popitem(last=False)
                 conn.send(("ok", None))
                 continue

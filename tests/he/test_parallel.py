@@ -129,3 +129,20 @@ def test_a_shared_pool_serves_several_evaluators_with_one_worker(conv) -> None:
     finally:
         pool.close()
     assert first.workers == [] and second.workers == []
+
+
+def test_a_pool_keeps_one_parsed_key_set_per_parameter_set_of_its_rounds() -> None:
+    # a ResNet-20's rounds use three parameter sets; a two-set LRU evicted the 1 GB N = 32768 set every request and
+    # sent it to the worker again (+17 s a request)
+    from types import SimpleNamespace
+
+    from veil.he.parallel import KEY_SETS, WorkerPool
+
+    def evaluator(params_hash: str):
+        return SimpleNamespace(plan=SimpleNamespace(parameters=lambda: SimpleNamespace(hash=lambda: params_hash)))
+
+    pool = WorkerPool(2)
+    assert pool.key_sets == KEY_SETS == 2
+    for params_hash in ("stem", "body", "body", "body", "head"):
+        pool.add(evaluator(params_hash))
+    assert pool.key_sets == 3 and len(pool.evaluators) == 5 and pool.workers == []
