@@ -34,7 +34,7 @@ from veil.he.envelope import open_envelope, seal_envelope
 from veil.he.errors import EnvelopeError, EvaluationFailed, HEError, MismatchError
 from veil.he.evaluate import PlanEvaluator
 from veil.he.galois import max_bundle_bytes
-from veil.he.parallel import ParallelEvaluator, WorkerPool, default_processes
+from veil.he.parallel import ForkedPool, ParallelEvaluator, default_processes
 from veil.he.params import describe
 from veil.he.plan import Plan
 from veil.he.rounds import RoundBook
@@ -70,11 +70,11 @@ class FanOut(Protocol):
 class ServedSegment:
     """One segment as the server runs it: plan, parameters, pre-encoded evaluator, hashes, request bound."""
 
-    def __init__(self, index: int, plan: Plan, max_ciphertexts: int, pool: WorkerPool | None = None,
+    def __init__(self, index: int, plan: Plan, max_ciphertexts: int, pool: ForkedPool | None = None,
                  encoded_bytes: int | None = None) -> None:
         self.index, self.plan, self.params = index, plan, plan.parameters()
         # weights encoded here (up to encoded_bytes), not per call; with a pool (--he-processes != 1) the model's
-        # workers fork once every round has encoded its own (veil.he.parallel.WorkerPool)
+        # workers fork once every round has encoded its own (veil.he.parallel.ForkedPool)
         self.evaluator = (PlanEvaluator(plan, self.params, encoded_bytes) if pool is None else
                           ParallelEvaluator(plan, self.params, encoded_bytes, pool=pool))
         self.plan_hash, self.params_hash = plan.hash(), self.params.hash()
@@ -111,7 +111,7 @@ class HeModel:
         try:
             self.segmented = SegmentedPlan.load(self.path.parent)  # a plain plan folder is one segment
             self.stages, budget = [], self.encoded_bytes  # one budget for the model, spent round by round
-            pool = None if self.processes == 1 else WorkerPool(self.processes or default_processes())
+            pool = None if self.processes == 1 else ForkedPool(self.processes or default_processes())
             for k, plan in enumerate(self.segmented.plans):
                 self.stages.append(ServedSegment(k, plan, self._max_ciphertexts(plan), pool, budget))
                 budget = self.stages[-1].evaluator.encoded_bytes_left

@@ -76,8 +76,8 @@ class ServerConfig(Config):
     he_encoded_mb: float = field(4096.0, "per HE model, plaintext masks encoded once at load up to this many MiB "
                                          "(shared by a deep model's rounds in order; the rest is encoded at each "
                                          "use): server memory traded for speed")
-    he_keys_per_source: int = field(4, "HE key sets one client address may hold; one more evicts its least "
-                                       "recently used")
+    he_keys_per_source: int = field(4, "HE key sets one client address may hold; one more is refused (413) "
+                                       "until one is deleted or expires")
 
     def validate(self) -> None:
         if not self.repo:

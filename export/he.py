@@ -73,7 +73,7 @@ def export_he(checkpoint: str | Path, repo: str | Path, name: str, mode: str = "
     ``rotation_keys`` is the latency plan's key manifest ("exact": fastest, "pow2", "binary": fewest keys,
     "budget:K"); ``replicate`` True compiles it for one image per ciphertext, tiled over every slot (``he.compile``),
     False never, None (default) each segment whose block leaves slots free when the plan holds one image per
-    ciphertext anyway (``he.segments.replicated_segments``).
+    ciphertext anyway (``he.latency.replicated_segments``).
 
     ``refresh`` opts this model into client-refresh rounds when it is deeper than one parameter set
     (off: such a model is refused); ``max_poly_modulus_degree`` (with ``refresh``) also cuts where a

@@ -102,7 +102,7 @@ class KeyStore:
         quota_bytes: the most bytes all stored key sets may take together (LRU eviction beyond).
         ttl_seconds: seconds a key set lives after its last registration.
         memory_items: parsed key sets kept in memory (least recently used dropped first).
-        keys_per_source: key sets one source may hold; registering one more evicts its least recently used.
+        keys_per_source: key sets one source may hold; registering one more is refused.
         clock: the time source (seconds); tests pass a fake one.
     """
 

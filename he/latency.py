@@ -8,7 +8,7 @@ that must share slot positions, and materializes every linear op as masked diago
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -23,6 +23,9 @@ from veil.he.layout import (
 )
 from veil.he.lowering import entries, sparse
 from veil.he.packing import best_split, block_vector, fold_steps, next_pow2, residue
+
+if TYPE_CHECKING:
+    from veil.he.plan import Plan
 
 
 class _Groups:
@@ -329,3 +332,21 @@ def _pack_linear(op, plan, layouts, period, tensor, place, builder) -> dict[str,
             "baby_steps": [sorted(b) for b in babies], "giant_steps": [sorted(g) for g in giants],
             "biases": [tensor(place(builder.tensors[b], out)) for b, out in zip(op["biases"], op["outputs"],
                                                                                  strict=True)]}
+
+
+def replicated_segments(plans: list[Plan], replicate: bool | None) -> list[bool]:
+    """Which of a cutting's (latency) segments to compile replicated: all (True), none (False or a throughput plan),
+    or (None) each whose block leaves slots free, when the smallest batch capacity is 1 anyway. A request then
+    holds one image, and a replicated segment computes it at fewer diagonals: a plan that batches is left alone.
+    ``plans`` may be skeletons (spec only)."""
+    if replicate is not None or not plans or plans[0].mode != "latency":
+        return [bool(replicate) and p.mode == "latency" for p in plans]
+    if min(int(p.spec["batch_capacity"]) for p in plans) > 1:
+        return [False] * len(plans)
+    return [p.replicated or replicated_period(p) < p.slots for p in plans]
+
+
+def replicated_period(plan: Plan) -> int:
+    """The block a latency plan would have replicated: its values' extent, which an unreplicated plan doubles for a
+    broadcast window (``window`` = the extent there) and a replicated one does not (block sums are cyclic)."""
+    return int(plan.spec.get("window") or plan.spec["period"])

@@ -45,6 +45,7 @@ from veil.he.cost import MAX_KEY_BYTES, ROUND_SECONDS, key_bytes, objective, pla
 from veil.he.cost import MODEL as COST_MODEL
 from veil.he.cuts import cut_candidates, extract_segment, with_shapes
 from veil.he.errors import ParameterError
+from veil.he.latency import replicated_segments
 from veil.he.params import POLY_MODULUS_DEGREES
 from veil.he.plan import Plan
 
@@ -218,24 +219,6 @@ def compile_segmented(onnx_model: onnx.ModelProto | str | Path, mode: str = "lat
     cuts = [points[j] for j in ends[:-1]]
     report = _report(plans, cuts, candidates, needed, whole_error, fewest, cap, max_key_bytes)
     return SegmentedPlan(plans, cuts, report)
-
-
-def replicated_segments(plans: list[Plan], replicate: bool | None) -> list[bool]:
-    """Which of a cutting's (latency) segments to compile replicated: all (True), none (False or a throughput plan),
-    or (None) each whose block leaves slots free, when the smallest batch capacity is 1 anyway. A request then
-    holds one image, and a replicated segment computes it at fewer diagonals: a plan that batches is left alone.
-    ``plans`` may be skeletons (spec only)."""
-    if replicate is not None or not plans or plans[0].mode != "latency":
-        return [bool(replicate) and p.mode == "latency" for p in plans]
-    if min(int(p.spec["batch_capacity"]) for p in plans) > 1:
-        return [False] * len(plans)
-    return [p.replicated or replicated_period(p) < p.slots for p in plans]
-
-
-def replicated_period(plan: Plan) -> int:
-    """The block a latency plan would have replicated: its values' extent, which an unreplicated plan doubles for a
-    broadcast window (``window`` = the extent there) and a replicated one does not (block sums are cyclic)."""
-    return int(plan.spec.get("window") or plan.spec["period"])
 
 
 def _replicate_single(single: SegmentedPlan, model: onnx.ModelProto, mode: str, precision_bits: int,

@@ -511,8 +511,8 @@ def test_a_deep_models_rounds_share_one_worker_pool(deep_repo, oip, tmp_path) ->
     from veil.engine.metrics import Metrics
     from veil.engine.server import open_keystore
 
-    repo, data, _ = deep_repo
-    config = oip.make_config(repo).replace(he_processes=2)
+    repo, data, _ = deep_repo  # keys in a folder of its own: deep_live counts <repo>/.he-keys against its bound
+    config = oip.make_config(repo, he_key_dir=str(tmp_path / "keys")).replace(he_processes=2)
     plane = DataPlane(repo, config.runtime_options(), Metrics(), lambda: open_keystore(config))
     plane.load_all(["deep-he"])
     stages = plane.models["deep-he"]["1"].stages

@@ -106,14 +106,14 @@ def test_independent_ciphertexts_on_workers(conv) -> None:
 def test_a_shared_pool_serves_several_evaluators_with_one_worker(conv) -> None:
     # a deep model's rounds: one pool, forked once after both evaluators encoded their plaintexts; a worker per
     # round each parsing the same key set is what took a ResNet-20's server past the machine's memory
-    from veil.he.parallel import WorkerPool
+    from veil.he.pool import ForkedPool
 
     plan, params, _, _, x, reference = conv
     other = compile(_MODELS.exported("conv"), mode="latency", replicate=True)  # a second plan, the same parameters
     assert other.parameters().hash() == params.hash() and other.hash() != plan.hash()
     ring = SecretKeyring.generate(params, sorted(set(plan.galois_steps) | set(other.galois_steps)))
     keys = ring.evaluation_keys()  # one key set for both rounds, as a client's for one parameter set
-    pool = WorkerPool(2)
+    pool = ForkedPool(2)
     first = ParallelEvaluator(plan, params, pool=pool, min_rotations=1)
     second = ParallelEvaluator(other, params, pool=pool, min_rotations=1)
     assert first.workers == second.workers == []  # nothing forked before the owner starts the pool
@@ -136,12 +136,12 @@ def test_a_pool_keeps_one_parsed_key_set_per_parameter_set_of_its_rounds() -> No
     # sent it to the worker again (+17 s a request)
     from types import SimpleNamespace
 
-    from veil.he.parallel import KEY_SETS, WorkerPool
+    from veil.he.pool import KEY_SETS, ForkedPool
 
     def evaluator(params_hash: str):
         return SimpleNamespace(plan=SimpleNamespace(parameters=lambda: SimpleNamespace(hash=lambda: params_hash)))
 
-    pool = WorkerPool(2)
+    pool = ForkedPool(2)
     assert pool.key_sets == KEY_SETS == 2
     for params_hash in ("stem", "body", "body", "body", "head"):
         pool.add(evaluator(params_hash))

@@ -115,7 +115,7 @@ def _products(plan: Plan) -> int:
 
 
 def test_replicated_period_is_the_extent_without_the_broadcast_window() -> None:
-    from veil.he.segments import replicated_period
+    from veil.he.latency import replicated_period
 
     plain, tiled = (compile(_stage_block(), mode="latency", replicate=r) for r in (False, True))
     assert replicated_period(plain) == replicated_period(tiled) == tiled.spec["period"] == plain.spec["period"] // 2
@@ -154,7 +154,8 @@ def _two_scale_cnn():
 
 
 def test_refresh_segments_are_replicated_where_a_request_holds_one_image_anyway() -> None:
-    from veil.he.segments import compile_segmented, replicated_period
+    from veil.he.latency import replicated_period
+    from veil.he.segments import compile_segmented
 
     model = _two_scale_cnn()
     options = {"precision_bits": 14, "refresh": True, "max_poly_modulus_degree": 8192}

@@ -68,9 +68,11 @@ def random_flip_rotate(x: torch.Tensor, generator: torch.Generator) -> torch.Ten
 
 def augment_batch(x: torch.Tensor, generator: torch.Generator, cfg: TrainConfig) -> torch.Tensor:
     """The training augmentation of an image batch: shifts of up to ``cfg.shift`` pixels, then (``cfg.flip_rotate``)
-    flips and 90-degree turns."""
+    flips and 90-degree turns. The batch comes back contiguous NCHW: the shift's gather leaves a channels-last view,
+    and torch 2.13's oneDNN backward of a strided 1x1 convolution over 4 channels-last channels corrupts the heap
+    (a ResNet of width 4 died with "double free or corruption")."""
     x = random_shift(x, generator, cfg.shift)
-    return random_flip_rotate(x, generator) if cfg.flip_rotate else x
+    return (random_flip_rotate(x, generator) if cfg.flip_rotate else x).contiguous()
 
 
 def batch_loss(net: nn.Module, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, cfg: TrainConfig,

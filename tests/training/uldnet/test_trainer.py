@@ -18,7 +18,7 @@ from veil.training.uldnet import (
     save_uldnet,
     train_uldnet,
 )
-from veil.training.uldnet.trainer import random_flip_rotate, random_shift
+from veil.training.uldnet.trainer import augment_batch, random_flip_rotate, random_shift
 
 FAST = TrainConfig(epochs=3, warmup_epochs=1, batch_size=32, lr=3e-3)
 
@@ -141,6 +141,15 @@ def test_random_shift_of_k_pixels_reaches_every_offset_up_to_k_and_no_further() 
     assert positions == {(r, c) for r in range(1, 8) for c in range(1, 8)}
     with pytest.raises(ValueError, match=r"TrainConfig\.shift: expected >= 0 pixels, received -1"):
         TrainConfig(shift=-1)
+
+
+@pytest.mark.parametrize("flip_rotate", [False, True])
+def test_augmented_batches_are_contiguous_nchw(flip_rotate: bool) -> None:
+    # the shift's gather left a channels-last view, and torch 2.13's oneDNN backward of a strided 1x1 conv over
+    # 4 channels-last channels corrupts the heap: `veil train uldnet --arch resnet --width 4` died in backward
+    x = torch.randn(14, 4, 16, 16)
+    out = augment_batch(x, torch.Generator().manual_seed(0), TrainConfig(shift=1, flip_rotate=flip_rotate))
+    assert out.shape == x.shape and out.is_contiguous()
 
 
 def test_random_flip_rotate_applies_one_of_the_eight_symmetries_per_image() -> None:
