@@ -264,6 +264,13 @@ class DataPlane(Plane):
         await asyncio.gather(*(m.scheduler.drain() for versions in self.models.values() for m in versions.values()
                                if m.scheduler is not None))
 
+    async def close(self) -> None:
+        """Shutdown, after :meth:`drain`: every model releases what it holds (an HE model's forked workers, which
+        would otherwise live on in a process that keeps running, as a test's or an embedding application's does)."""
+        for versions in self.models.values():
+            for model in versions.values():
+                await model.unload()
+
     # -- HE evaluation keys (Plane) ---------------------------------------------------------------------
     async def key_upload_bounds(self) -> tuple[int, str, Path]:
         """The largest key bundle accepted: what the largest served plan's key manifest needs

@@ -175,3 +175,7 @@ class Plane(abc.ABC):
     @abc.abstractmethod
     async def drain(self) -> None:
         """Graceful shutdown: every model this process runs finishes its queued and running requests."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Shutdown, after :meth:`drain`: release what this process's models hold (an HE model's forked workers)."""

@@ -222,6 +222,9 @@ class RayPlane(Plane):
     async def drain(self) -> None:
         """Nothing is queued in the front: each replica drains its own model when Ray stops it."""
 
+    async def close(self) -> None:
+        """Nothing is held in the front: each replica's process releases its own models when Ray stops it."""
+
     # -- Plane: HE keys (registered by a replica of an encrypted-inference model, in the shared folder) -----
     def keystore(self) -> KeyStore:
         """The shared key-store folder, read here by private ``/v2/recommend``."""

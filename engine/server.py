@@ -75,6 +75,7 @@ def create_app(config: ServerConfig, models: list[str] | None = None, plane: Pla
         if grpc_server is not None:
             await grpc_server.stop(config.graceful_timeout_s)  # in-flight RPCs finish first
         await plane.drain()  # uvicorn already waited for in-flight requests; nothing is left queued
+        await plane.close()
 
     app = FastAPI(title="veil", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

@@ -95,7 +95,7 @@ def tiny_polymlp(tmp_path_factory: pytest.TempPathFactory):
     return checkpoint, data
 
 
-# VEIL_TEST_RSS=FILE: after each test, append "<nodeid> <rss MiB> <peak rss MiB>" of the worker running it, to find
+# VEIL_TEST_RSS=FILE: after each test, append "<worker> <nodeid> <rss MiB> <peak rss MiB>" of the process running it, to find
 # the tests that hold SEAL memory (two xdist workers share this machine's 24 GB; mark such tests `isolated`)
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
@@ -108,4 +108,4 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with open(path, "a") as out:
-        out.write(f"{item.nodeid} {rss:.0f} {peak:.0f}\n")
+        out.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {item.nodeid} {rss:.0f} {peak:.0f}\n")

@@ -130,6 +130,7 @@ def test_he_digits_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert "<!-- he_digits:begin -->" in (tmp_path / "results.md").read_text()
 
 
+@pytest.mark.isolated  # SEAL keeps what it took (issue 35 CI: two workers reached 12 + 8.7 GB)
 def test_he_opcost_benchmark_quick_fits_the_stated_form(load_benchmark, tmp_path) -> None:
     """The op-cost calibration runs, and its two-term per-ring form reproduces what it measured (the form
     he/cost.py states), with the rows at every probed level of the N = 8192 chain."""

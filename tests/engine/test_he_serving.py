@@ -523,11 +523,16 @@ def test_a_deep_models_rounds_share_one_worker_pool(deep_repo, oip, tmp_path) ->
     finally:
         stages[0].evaluator.close()
     assert all(stage.evaluator.workers == [] for stage in stages)
-    with oip.live_server(config) as (url, _server):  # and the rounds run on it, end to end
+    with oip.live_server(config) as (url, server):  # and the rounds run on it, end to end
         session = HeSession.create(f"http://{url}", "deep-he", tmp_path / "k.keyring")
         x = data.x_test[:3]
         logits, expected = session.run(x), reference(repo, x)
+        served = server.config.app.state.dataplane.models["deep-he"]["1"].stages[0].evaluator
+        processes = [worker.process for worker in served.workers]
+        assert len(processes) == 1 and processes[0].is_alive()
     assert np.abs(logits - expected).max() < 1e-2 and np.array_equal(logits.argmax(1), expected.argmax(1))
+    # the server's shutdown stops them (they lived on in the process that ran the server, holding its memory)
+    assert served.workers == [] and not processes[0].is_alive()
 
 
 def _resealed(envelope: bytes, **meta) -> bytes:

@@ -121,6 +121,7 @@ def test_replicated_period_is_the_extent_without_the_broadcast_window() -> None:
     assert replicated_period(plain) == replicated_period(tiled) == tiled.spec["period"] == plain.spec["period"] // 2
 
 
+@pytest.mark.isolated  # SEAL keeps what it took (issue 35 CI: two workers reached 12 + 8.7 GB)
 def test_replicated_block_merges_diagonals_modulo_the_period_and_runs_encrypted() -> None:
     # a conv over C channels laid out C x (side x side) has offsets (c_in - c_out) side² + tap: (2C - 1) k² diagonals
     # in a block; a replicated block (the client tiles it) is cyclic, so those equal modulo C side² merge: C k²
@@ -153,6 +154,7 @@ def _two_scale_cnn():
                         {"x": {0: "batch"}}).model
 
 
+@pytest.mark.isolated  # SEAL keeps what it took (issue 35 CI: two workers reached 12 + 8.7 GB)
 def test_refresh_segments_are_replicated_where_a_request_holds_one_image_anyway() -> None:
     from veil.he.latency import replicated_period
     from veil.he.segments import compile_segmented
