@@ -21,10 +21,12 @@ demo: $(STAMP)
 	$(VENV)/bin/veil demo
 
 # Test files are spread over TEST_WORKERS processes (pytest-xdist, whole files per worker); TEST_WORKERS=0 runs serially.
+# A worker that dies (OOM-killed, a native abort) fails the run at once, naming its test: a replaced worker left
+# xdist waiting forever at 99 %, and CI stopped at its time limit without a name.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" --timeout=600
