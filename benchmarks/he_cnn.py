@@ -56,7 +56,8 @@ from veil.he.cost import plan_cost
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring
 from veil.he.packing import pow2_steps
-from veil.he.parallel import ParallelEvaluator, default_processes
+from veil.he.parallel import ParallelEvaluator
+from veil.he.pool import default_processes
 from veil.he.serialize import seal_to_bytes
 from veil.training.uldnet import ModelConfig, TrainConfig, load_digits_preset, train_uldnet
 from veil.training.uldnet.config import DIGITS_HE_PRESETS

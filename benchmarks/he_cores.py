@@ -40,7 +40,8 @@ from he_cnn import (
 from veil.he.compiler import compile as he_compile
 from veil.he.evaluate import PlanEvaluator
 from veil.he.keys import SecretKeyring
-from veil.he.parallel import ParallelEvaluator, default_processes
+from veil.he.parallel import ParallelEvaluator
+from veil.he.pool import default_processes
 from veil.training.uldnet import load_digits_preset
 
 MIB = 2**20

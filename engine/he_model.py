@@ -34,9 +34,10 @@ from veil.he.envelope import open_envelope, seal_envelope
 from veil.he.errors import EnvelopeError, EvaluationFailed, HEError, MismatchError
 from veil.he.evaluate import PlanEvaluator
 from veil.he.galois import max_bundle_bytes
-from veil.he.parallel import ForkedPool, ParallelEvaluator, default_processes
+from veil.he.parallel import ParallelEvaluator
 from veil.he.params import describe
 from veil.he.plan import Plan
+from veil.he.pool import ForkedPool, default_processes
 from veil.he.rounds import RoundBook
 from veil.he.segments import SegmentedPlan
 from veil.he.serialize import blobs_to_bytes, ciphertext_blobs, ciphertexts_from_blobs, ciphertexts_to_bytes
@@ -74,7 +75,7 @@ class ServedSegment:
                  encoded_bytes: int | None = None) -> None:
         self.index, self.plan, self.params = index, plan, plan.parameters()
         # weights encoded here (up to encoded_bytes), not per call; with a pool (--he-processes != 1) the model's
-        # workers fork once every round has encoded its own (veil.he.parallel.ForkedPool)
+        # workers fork once every round has encoded its own (veil.he.pool.ForkedPool)
         self.evaluator = (PlanEvaluator(plan, self.params, encoded_bytes) if pool is None else
                           ParallelEvaluator(plan, self.params, encoded_bytes, pool=pool))
         self.plan_hash, self.params_hash = plan.hash(), self.params.hash()
