@@ -132,13 +132,15 @@ def test_stock_grpc_client_through_the_front(cluster):
     assert client.get_model_config("wide", as_json=True)["config"]["max_batch_size"] == 8
     x = np.random.default_rng(1).normal(size=(2, 1, 8, 8)).astype(np.float32)
     expected = ort.InferenceSession(str(repo / "wide" / "1" / "model.onnx")).run(None, {"x": x})[0]
+    # the counts include earlier tests on this cluster (each waited for its own reports): wait for these 8 on top
+    before = sum(r["success_count"] for r in _replicas(url, 0))
     for _ in range(8):
         tensor = tg.InferInput("x", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x)
         np.testing.assert_allclose(client.infer("wide", [tensor]).as_numpy("logits"), expected, rtol=1e-5, atol=1e-5)
-    rows = _replicas(url, 1, successes=8)
+    rows = _replicas(url, 1, successes=before + 8)
     stats = client.get_inference_statistics("wide", as_json=True)["model_stats"][0]
-    assert int(stats["inference_stats"]["success"]["count"]) == sum(r["success_count"] for r in rows) >= 8
+    assert int(stats["inference_stats"]["success"]["count"]) == sum(r["success_count"] for r in rows) >= before + 8
     # errors keep the replica's message and map to the code `veil serve` gives
     with pytest.raises(tg.InferenceServerException) as bad_shape:
         wrong = tg.InferInput("x", [1, 3], "FP32")
