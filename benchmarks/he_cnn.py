@@ -28,7 +28,7 @@ images of one real call / that call's time, with the call's latency beside it.
 
     .venv/bin/python benchmarks/he_cnn.py                    # full run: docs/results/he_cnn.json, results.md, img/
     .venv/bin/python benchmarks/he_cnn.py --mnist ~/mnist    # the tutorial's own data (idx files)
-    .venv/bin/python benchmarks/he_cnn.py --quick            # smoke run (short training, 2 calls, few images)
+    .venv/bin/python benchmarks/he_cnn.py --quick            # smoke run (short training, 1 call, 4 images)
 """
 
 from __future__ import annotations
@@ -549,7 +549,7 @@ def polycnn(seed: int, quick: bool, data):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
-    parser.add_argument("--quick", action="store_true", help="smoke run: short training, 2 calls, few images")
+    parser.add_argument("--quick", action="store_true", help="smoke run: short training, 1 call, 4 images")
     parser.add_argument("--mnist", type=Path, default=None,
                         help="folder with MNIST's idx files (train-images-idx3-ubyte[.gz], ...); default: digits at 28x28")
     parser.add_argument("--calls", type=int, default=7, help="interleaved single-image calls per row (median)")
@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the digits-he PolyCNN in client-refresh rounds at rings <= this N (0: not)")
     args = parser.parse_args(argv)
     quick = args.quick
-    calls, test_images = (2, 8) if quick else (args.calls, args.test_images)
+    calls, test_images = (1, 4) if quick else (args.calls, args.test_images)
     if calls < 1 or test_images < 1:
         parser.error(f"--calls and --test-images: expected >= 1, received {calls} and {test_images}")
     tutorial_keys = ["exact", "binary+replicated"] if quick else args.tutorial_keys.split(",")

@@ -1,5 +1,5 @@
 """Shared pytest set-up: Triton kernels run in its interpreter without CUDA; ``load_benchmark`` imports a
-benchmark script; ``isolated`` tests run in a fresh interpreter."""
+benchmark script; ``isolated`` tests run in a forked child."""
 
 from __future__ import annotations
 
@@ -52,27 +52,66 @@ def load_benchmark() -> Callable[[str], ModuleType]:
     return load
 
 
-# Tests marked `isolated` run in a fresh interpreter (one pytest child per test): SEAL's memory pool never gives
-# memory back, so a test that evaluates deep plans at N = 16384 would otherwise leave gigabytes held by the session
-# for every later test (the whole suite peaked at 24 GB, the machine's size, before this).
-_ISOLATED_CHILD = "VEIL_ISOLATED_CHILD"
+# Tests marked `isolated` run in a forked child of the process that set up their fixtures: SEAL's memory pool never
+# gives memory back, so a test that evaluates deep plans at N = 16384 would otherwise leave gigabytes held by the
+# session for every later test (the whole suite peaked at 24 GB, the machine's size, before this). The child shares
+# the parent's imports and fixtures copy-on-write (a fresh interpreter per test cost ~10 s of imports and fixture
+# set-up each, ~3 min of the suite), runs the test body, reports its outcome over a pipe and exits; whatever it
+# allocated goes with it. xdist workers run torch with one OpenMP thread (above), so forking them is safe.
+def _run_forked(pyfuncitem: pytest.Function) -> tuple[str, str]:
+    """Run the test function in a forked child: ("passed" | "skipped" | "failed", message)."""
+    import pickle
+    import traceback
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run the body, send the outcome, never return into pytest
+        os.close(read)
+        try:
+            args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+            pyfuncitem.obj(**args)
+            outcome = ("passed", "")
+        except pytest.skip.Exception as exc:
+            outcome = ("skipped", str(exc))
+        except BaseException:  # every failure goes back to the parent as text
+            outcome = ("failed", traceback.format_exc())
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(pickle.dumps(outcome))
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # a timeout or an interrupt in the parent: the child goes too
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise
+    if not data:
+        code = os.waitstatus_to_exitcode(status)
+        return "failed", "the forked child died without reporting (" + (f"signal {-code})" if code < 0 else f"exit {code})")
+    return pickle.loads(data)
+
+
+@pytest.fixture
+def run_forked() -> Callable[[pytest.Function], tuple[str, str]]:
+    """The `isolated` runner itself, for its own tests (importlib mode cannot import conftest)."""
+    return _run_forked
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    if pyfuncitem.get_closest_marker("isolated") is None or os.environ.get(_ISOLATED_CHILD):
+    if pyfuncitem.get_closest_marker("isolated") is None or not hasattr(os, "fork"):
         return None  # run here, as usual
-    import subprocess
-    import sys
-
-    env = {**os.environ, _ISOLATED_CHILD: "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "", "--timeout=1500",
-               pyfuncitem.nodeid]
-    done = subprocess.run(command, cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True,
-                          timeout=1800)
-    if done.returncode != 0:
-        pytest.fail(f"isolated run of {pyfuncitem.nodeid} failed (exit {done.returncode}):\n"
-                    f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}", pytrace=False)
+    kind, message = _run_forked(pyfuncitem)
+    if kind == "skipped":
+        pytest.skip(message)
+    if kind == "failed":
+        pytest.fail(f"isolated (forked) run of {pyfuncitem.nodeid} failed:\n{message}", pytrace=False)
     return True
 
 

@@ -46,6 +46,31 @@ def test_uldnet_digits_benchmark_smoke(load_benchmark, tmp_path) -> None:
     assert (tmp_path / "results.md").read_text().count("<!-- uldnet_digits:begin -->") == 1
 
 
+def test_uldnet_depth_sweeps_the_stated_levels_and_counts_divergence(load_benchmark) -> None:
+    """The sweep's depths are the levels docs/uldnet.md states (8 ... 68); a non-finite loss or a run left at
+    chance is counted as diverged and fails the target, a sub-96 % 28-level command fails its own."""
+    module = load_benchmark("uldnet_depth")
+    from veil.training.uldnet import ModelConfig, build_model, multiplicative_depth
+
+    levels = [multiplicative_depth(build_model(ModelConfig(arch="cnn", width=4, **fields))).total
+              for fields in module.DEPTHS.values()]
+    assert levels == [8, 18, 28, 48, 68]
+    row = module.train_one(("plain stack (digits-he cnn)", 4, 0), epochs=2)
+    assert row["levels"] == 8 and 0.1 < row["test_accuracy"] <= 1 and row["diverged"] in (None, "at chance")
+    runs = [{**row, "diverged": None}, {**row, "seed": 1, "diverged": "at chance"},
+            {"depth": row["depth"], "width": 4, "seed": 2, "diverged": "training diverged at epoch 3: loss nan"}]
+    summary = module.summarize(runs)
+    assert len(summary) == 1 and summary[0]["accuracies"] == [row["test_accuracy"]] * 2
+    assert [d.split(":")[0] for d in summary[0]["diverged"]] == ["seed 1", "seed 2"]
+    stated = [{"command": "veil train uldnet --preset digits --arch cnn", "levels": 28, "width": 32,
+               "test_accuracy": 0.955, "time": "9 s wall"}]
+    text = module.markdown({"command": "python benchmarks/uldnet_depth.py", "seeds": [0, 1, 2], "epochs": 2,
+                            "widths": [4], "runs": runs, "summary": summary, "stated": stated,
+                            "environment": {"date": "d", "machine": "m", "torch": "t", "wall_seconds": 1.0,
+                                            "load_1min": [0.1, 0.2]}})
+    assert "**missed** (2 diverged)" in text and "**missed** (95.50 %)" in text
+
+
 def test_uldnet_photos_chooses_each_resnets_lr_by_its_settled_validation_accuracy(load_benchmark) -> None:
     module = load_benchmark("uldnet_photos")
     preset_lr = module.PHOTOS32_PRESETS["resnet"]["train"]["lr"]
