@@ -31,7 +31,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" --timeout=600
 
-BENCHMARKS := uldnet_digits export_minilm serve_http serve_ray he_digits he_cnn he_deep he_layouts adapters_serving adapters_mtlora adapters_e2lora adapters_loramixer optim_lora optim_lm optim_grpo compress_svd compress_heapr compress_safety codec_rd priorguide_gl forecast_linear recommend_pave cluster_oracle games_rm gpu_kernels
+BENCHMARKS := uldnet_digits uldnet_depth export_minilm serve_http serve_ray he_digits he_cnn he_deep he_layouts adapters_serving adapters_mtlora adapters_e2lora adapters_loramixer optim_lora optim_lm optim_grpo compress_svd compress_heapr compress_safety codec_rd priorguide_gl forecast_linear recommend_pave cluster_oracle games_rm gpu_kernels
 
 bench: $(STAMP)
 	for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py || exit 1; done

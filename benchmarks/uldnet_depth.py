@@ -42,26 +42,27 @@ DEPTHS = {"plain stack (digits-he cnn)": {k: v for k, v in DIGITS_HE_PRESETS["cn
                                                       if k != "width"}, "depth": n} for n in range(4)}}
 WIDTHS = (4, 8, 16)
 RECIPE = {"lr": 1e-2, "epochs": 40}
+RETRY_LR = 3e-3  # a diverged run is trained again at this lr, as the trainer's error advises ("lower --lr")
 CHANCE_MARGIN = 0.05  # within this of chance (1 / classes), a finished run counts as diverged
 TARGET_28 = 0.96
 WARMUP = TrainConfig.__dataclass_fields__["warmup_epochs"].default  # the trainer's, cut to epochs - 1 in smoke runs
 
 
-def train_one(job: tuple[str, int, int], epochs: int) -> dict:
-    """Train one (depth, width, seed) net of the sweep on one thread: accuracy, levels, divergence, CPU seconds."""
+def train_one(job: tuple[str, int, int, float], epochs: int) -> dict:
+    """Train one (depth, width, seed, lr) net of the sweep on one thread: accuracy, levels, divergence, CPU seconds."""
     torch.set_num_threads(1)
-    name, width, seed = job
+    name, width, seed, lr = job
     data = load_digits_preset()
     model_config = ModelConfig(arch="cnn", input_shape=data.input_shape, width=width, **DEPTHS[name])
-    train_config = TrainConfig(**{**DIGITS_PRESETS["cnn"]["train"], **RECIPE, "epochs": epochs,
+    train_config = TrainConfig(**{**DIGITS_PRESETS["cnn"]["train"], "lr": lr, "epochs": epochs,
                                   "warmup_epochs": min(WARMUP, epochs - 1), "seed": seed})
     cpu = time.process_time()
-    row = {"depth": name, "width": width, "seed": seed, "model_config": model_config.to_dict(),
+    row = {"depth": name, "width": width, "seed": seed, "lr": lr, "model_config": model_config.to_dict(),
            "train_config": train_config.to_dict()}
     try:
         result = train_uldnet(model_config, train_config, data, progress=False)
     except FloatingPointError as exc:
-        return {**row, "diverged": str(exc), "cpu_seconds": round(time.process_time() - cpu, 1)}
+        return {**row, "diverged": str(exc).split(";")[0], "cpu_seconds": round(time.process_time() - cpu, 1)}
     chance = 1 / len(set(data.y_train.tolist()))
     accuracy = result.metrics["test_accuracy"]
     return {**row, "levels": result.metrics["depth_total"], "test_accuracy": accuracy,
@@ -97,8 +98,8 @@ def stated_commands(quick: bool) -> list[dict]:
     return rows
 
 
-def summarize(runs: list[dict]) -> list[dict]:
-    """One row per (depth, width): levels, test accuracy per seed, mean, divergences."""
+def summarize(runs: list[dict], retries: list[dict]) -> list[dict]:
+    """One row per (depth, width): levels, test accuracy per seed, mean, divergences and their retries."""
     rows = []
     for name in DEPTHS:
         for width in sorted({r["width"] for r in runs}):
@@ -109,7 +110,10 @@ def summarize(runs: list[dict]) -> list[dict]:
             rows.append({"depth": name, "width": width, "levels": next((r["levels"] for r in done), None),
                          "accuracies": [r["test_accuracy"] for r in done],
                          "mean": statistics.mean(r["test_accuracy"] for r in done) if done else None,
-                         "diverged": [f"seed {r['seed']}: {r['diverged']}" for r in cell if r["diverged"]]})
+                         "diverged": [f"seed {r['seed']}: {r['diverged']}" for r in cell if r["diverged"]],
+                         "retries": [f"seed {r['seed']}: " + (r["diverged"] if r["diverged"] else
+                                                              f"{r['test_accuracy'] * 100:.1f}")
+                                     for r in retries if r["depth"] == name and r["width"] == width]})
     return rows
 
 
@@ -120,7 +124,8 @@ def markdown(results: dict) -> str:
              f"{results['seeds']}; {env['wall_seconds']:.0f} s wall, 1-min load {env['load_1min'][0]} before, "
              f"{env['load_1min'][1]} after. Every net: lr {RECIPE['lr']:g}, {results['epochs']} epochs (AdamW, cosine, "
              "the digits preset otherwise); test accuracy of the best-validation epoch. A run diverges when its loss "
-             f"turns non-finite or it ends within {CHANCE_MARGIN * 100:.0f} points of chance.", "",
+             f"turns non-finite or it ends within {CHANCE_MARGIN * 100:.0f} points of chance; a diverged run is "
+             f"trained again at lr {RETRY_LR:g}, as the trainer's error advises (shown after it).", "",
              "| PolyCNN | levels | " + " | ".join(f"width {w}: test acc % (per seed)" for w in results["widths"]) + " |",
              "|---|---|" + "---|" * len(results["widths"])]
     for name in DEPTHS:
@@ -132,10 +137,12 @@ def markdown(results: dict) -> str:
         for w in results["widths"]:
             c = cells.get(w)
             text.append("-" if c is None else (f"{c['mean'] * 100:.1f} ({', '.join(f'{a * 100:.1f}' for a in c['accuracies'])})"
-                                               if c["mean"] is not None else "") + ("; **diverged**: " + ", ".join(c["diverged"])
-                                                                                    if c and c["diverged"] else ""))
+                                               if c["mean"] is not None else "")
+                        + ("; **diverged**: " + ", ".join(c["diverged"]) if c and c["diverged"] else "")
+                        + (f"; at lr {RETRY_LR:g}: " + ", ".join(c["retries"]) if c and c["retries"] else ""))
         lines.append(f"| {name} | {levels} | " + " | ".join(text) + " |")
     diverged = sum(len(r["diverged"]) for r in results["summary"])
+    again = [r for r in results["retries"] if r["diverged"]]
     lines += ["", "The 28-level PolyCNNs that veil's commands train (seed 0):", "",
               "| command | levels | width | test acc % | time |", "|---|---|---|---|---|"]
     lines += [f"| `{r['command']}` | {r['levels']} | {r['width']} | {r['test_accuracy'] * 100:.2f} | {r['time']} |"
@@ -144,6 +151,8 @@ def markdown(results: dict) -> str:
     lines += ["", "| target | met |", "|---|---|",
               f"| no divergence over the sweep ({len(results['runs'])} runs) | "
               + ("yes" if not diverged else f"**missed** ({diverged} diverged)") + " |",
+              f"| every diverged run trains at lr {RETRY_LR:g} | "
+              + ("-" if not results["retries"] else "yes" if not again else f"**no** ({len(again)} diverged again)") + " |",
               f"| every 28-level PolyCNN of a stated command >= {TARGET_28 * 100:.0f} % | "
               + ("yes" if not low else "**missed** (" + ", ".join(f"{r['test_accuracy'] * 100:.2f} %" for r in low) + ")")
               + " |", "", "![test accuracy against CKKS levels](img/uldnet_depth.png)"]
@@ -178,16 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     widths, depths, seeds, epochs = WIDTHS, list(DEPTHS), args.seeds, args.epochs
     if args.quick:
         widths, depths, seeds, epochs = (4,), depths[:2], [0], 2
-    jobs = [(name, width, seed) for name in depths for width in widths for seed in seeds]
+    jobs = [(name, width, seed, RECIPE["lr"]) for name in depths for width in widths for seed in seeds]
     load_before, start = os.getloadavg()[0], time.perf_counter()
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         runs = list(pool.map(partial(train_one, epochs=epochs), jobs))
+        retries = list(pool.map(partial(train_one, epochs=epochs),
+                                [(r["depth"], r["width"], r["seed"], RETRY_LR) for r in runs if r["diverged"]]))
     stated = stated_commands(args.quick)
     env = {**environment("1 thread per net, 2 processes"), "torch": torch.__version__,
            "wall_seconds": round(time.perf_counter() - start, 1),
            "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     results = {"command": command, "seeds": seeds, "epochs": epochs, "widths": list(widths), "runs": runs,
-               "summary": summarize(runs), "stated": stated, "environment": env}
+               "retries": retries, "summary": summarize(runs, retries), "stated": stated, "environment": env}
     save_results(args.out, SECTION, results, markdown(results))
     plot(results, Path(args.out) / "img" / f"{SECTION}.png")
     print(markdown(results))
