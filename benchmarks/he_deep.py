@@ -14,8 +14,8 @@ N = 65536 (minutes, ~6 GB).
 
 The PolyCNN trains with the digits preset's recipe plus ``--epochs`` and ``--lr``. A narrow net needs the
 top half of the stable range (docs/uldnet.md): the width-4 command below (lr 1e-2, 100 epochs) reaches
-98.9 % plain test accuracy (seed 0; 98.3 / 96.7 % on seeds 1 / 2), where lr 1e-2 for 40 epochs gives
-95.3 % and the preset's lr 1e-3 for 15 epochs 33.6 %.
+98.6 % plain test accuracy (seed 0, benchmarks/uldnet_depth.py; 98.9 / 98.3 / 96.7 % on seeds 0 / 1 / 2 on an
+earlier machine), where lr 1e-2 for 40 epochs gives 95.3 % and the preset's lr 1e-3 for 15 epochs 33.6 %.
 
     .venv/bin/python benchmarks/he_deep.py                       # writes docs/results/he_deep.json + results.md
     .venv/bin/python benchmarks/he_deep.py --width 4 --epochs 100 --lr 1e-2 --images 100 --cache runs/he-deep
