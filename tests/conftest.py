@@ -57,7 +57,8 @@ def load_benchmark() -> Callable[[str], ModuleType]:
 # session for every later test (the whole suite peaked at 24 GB, the machine's size, before this). The child shares
 # the parent's imports and fixtures copy-on-write (a fresh interpreter per test cost ~10 s of imports and fixture
 # set-up each, ~3 min of the suite), runs the test body, reports its outcome over a pipe and exits; whatever it
-# allocated goes with it. xdist workers run torch with one OpenMP thread (above), so forking them is safe.
+# allocated goes with it. The child runs torch on one thread (xdist workers already do, above): GNU OpenMP's
+# thread pool does not survive a fork.
 def _run_forked(pyfuncitem: pytest.Function) -> tuple[str, str]:
     """Run the test function in a forked child: ("passed" | "skipped" | "failed", message)."""
     import pickle
@@ -68,6 +69,7 @@ def _run_forked(pyfuncitem: pytest.Function) -> tuple[str, str]:
     if pid == 0:  # the child: run the body, send the outcome, never return into pytest
         os.close(read)
         try:
+            torch.set_num_threads(1)  # an OpenMP pool the parent used is not the child's: one thread needs none
             args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
             pyfuncitem.obj(**args)
             outcome = ("passed", "")
