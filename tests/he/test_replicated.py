@@ -23,8 +23,8 @@ TOLERANCE = _CONV.TOLERANCE
 @pytest.mark.parametrize("name", ["k3_stride2", "polynorm", "residual", "tutorial", "stem16"])
 def test_replicated_plan_tiles_each_sample_and_matches_onnx_runtime(name: str) -> None:
     model = exported(name)
-    plan = compile(model, mode="latency", replicate=True)
-    plain = compile(model, mode="latency")
+    plain = compile(model, mode="latency")  # a stem grown on patches for one image: test_one_image_plan_...
+    plan = compile(model, mode="latency", replicate=True, input_im2col="gather" in plain.spec["inputs"][0])
     period = plan.spec["period"]
     assert plan.replicated and plan.batch_capacity == 1 and plan.key_modulus == period < plan.slots
     assert plain.batch_capacity == plain.slots // plain.spec["period"] and plain.key_modulus == plain.slots
@@ -41,9 +41,30 @@ def test_replicated_plan_tiles_each_sample_and_matches_onnx_runtime(name: str) -
     np.testing.assert_allclose(simulate(plan, x), ort_run(model, x), atol=2e-4, rtol=1e-4)
 
 
+def test_one_image_plan_takes_a_stem_grown_on_im2col_patches_when_it_costs_less() -> None:
+    # k3 stride 2 on 8x8: 9 taps x 16 positions of patches need a 256-slot block, the conv's own is 64, so a plan
+    # that batches keeps the plain input; with one image a request the larger block costs nothing
+    from veil.he.cost import plan_cost
+
+    model = exported("k3_stride2")
+    batching = compile(model, mode="latency")
+    plain, grown = (compile(model, mode="latency", replicate=True, input_im2col=g) for g in (False, True))
+    assert "gather" not in batching.spec["inputs"][0] and "gather" not in plain.spec["inputs"][0]
+    assert grown.spec["inputs"][0]["features"] == 9 * 16 and grown.spec["period"] > plain.spec["period"]
+    assert plan_cost(grown)["predicted_seconds"] < plan_cost(plain)["predicted_seconds"]
+    assert grown.spec["rotations"]["key_switches"] < plain.spec["rotations"]["key_switches"]
+    assert grown.slots == plain.slots  # the ring does not grow with the block
+    x = np.random.default_rng(5).normal(size=(2, 1, 8, 8))
+    out, steps = encrypted(grown, x)
+    np.testing.assert_allclose(out, ort_run(model, x), atol=TOLERANCE, rtol=0)
+    assert set(steps) <= set(grown.galois_steps)
+
+
 def test_binary_keys_of_a_replicated_plan_stay_inside_the_period() -> None:
     model = exported("k3_1-4-8_gap")
-    plain, tiled = (compile(model, mode="latency", rotation_keys="binary", replicate=r) for r in (False, True))
+    # (the plain input on both sides: a stem grown on patches for one image is another layout)
+    plain, tiled = (compile(model, mode="latency", rotation_keys="binary", replicate=r, input_im2col=False)
+                    for r in (False, True))
     period = tiled.spec["period"]
     assert tiled.galois_steps == [1 << k for k in range(int(math.log2(period)))]  # every bit below the period
     assert len(tiled.galois_steps) < len(plain.galois_steps)
@@ -51,7 +72,7 @@ def test_binary_keys_of_a_replicated_plan_stay_inside_the_period() -> None:
     # the same rotations, each a shorter binary word modulo the period (a step of -s is period - s, not slots - s)
     assert tiled.spec["rotations"]["rotations"] == plain.spec["rotations"]["rotations"]
     assert tiled.spec["rotations"]["key_switches"] < plain.spec["rotations"]["key_switches"]
-    exact = compile(model, mode="latency", replicate=True)
+    exact = compile(model, mode="latency", replicate=True, input_im2col=False)
     assert all(-period // 2 < s <= period // 2 for s in exact.galois_steps)
     assert with_key_manifest(exact, "binary").galois_steps == tiled.galois_steps  # the key modulus travels
 
