@@ -7,9 +7,10 @@
     2^26, ``generate_galois_keys()``) at TenSEAL's default thread count (``ts.context`` without ``n_threads``: every
     core) and at ``n_threads=1``.
 (b) the same torch model exported with ``veil.export`` and compiled by ``veil.he`` (the smallest ring that holds it,
-    N = 8192; rotation keys "exact" = the fastest, "pow2", "binary", and "binary+replicated": one image per
-    ciphertext tiled over every slot, so the binary keys stop at the block), evaluated by the serial
-    ``PlanEvaluator`` (one core) and, in the "_all_cores" row, by the ``ParallelEvaluator`` over every core; the
+    N = 8192; rotation keys "exact" = the fastest, "pow2", "binary", and "+replicated": one image per
+    ciphertext tiled over every slot, so the binary keys stop at the block and the stem may run on im2col patches
+    in a larger block), evaluated by the serial ``PlanEvaluator`` (one core) and, in the "_all_cores" rows, by the
+    ``ParallelEvaluator`` over every core; the
     "CPU / wall" column measures the cores each side used (workers included); and cut into client-refresh rounds
     at rings <= ``--tutorial-refresh-n`` (default 4096: one level per round), timed as server + the client's
     refresh between rounds (in-process: no network round trip).
@@ -557,8 +558,9 @@ def main(argv: list[str] | None = None) -> int:
                         "1078 digits, 10 on MNIST as the tutorial)")
     parser.add_argument("--test-images", type=int, default=360, help="test images through veil's full-ciphertext "
                         "calls and its throughput call (agreement, accuracy)")
-    parser.add_argument("--tutorial-keys", default="exact,pow2,binary,binary+replicated",
-                        help="veil rotation-key settings, (b); +replicated: one image per ciphertext, tiled")
+    parser.add_argument("--tutorial-keys", default="exact,exact+replicated,pow2,binary,binary+replicated",
+                        help="veil rotation-key settings, (b); +replicated: one image per ciphertext, tiled (its "
+                             "stem on im2col patches in a larger block where that costs less)")
     parser.add_argument("--polycnn-keys", default="exact,binary,binary+replicated",
                         help="veil rotation-key settings, (d)")
     parser.add_argument("--processes", type=int, default=default_processes(),
@@ -604,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
                   for k in tutorial_keys})
     if args.processes > 1 and not quick:  # forked workers: the full run's rows only
         sides["b_veil_exact_all_cores"] = (Veil(graphs["tutorial"], precision_bits=bits, processes=args.processes), x28)
+        sides["b_veil_exact_replicated_all_cores"] = (Veil(graphs["tutorial"], "latency", "exact+replicated", bits,
+                                                           processes=args.processes), x28)
     if args.tutorial_refresh_n:
         sides[f"b_veil_refresh{args.tutorial_refresh_n}_exact"] = (
             VeilRounds(graphs["tutorial"], args.tutorial_refresh_n, precision_bits=bits), x28)
@@ -780,7 +784,9 @@ def markdown(report: dict) -> str:
         "evaluate on one core** (the serial PlanEvaluator), except the `_all_cores` rows (the ParallelEvaluator over "
         "every core, § he_cores); the CPU s / wall s column is measured (workers included). `_replicated` rows: one "
         "image per ciphertext, tiled over every slot by the client, so rotations count modulo the block and the "
-        "`binary` key set stops at the block (`veil export he --replicate`). Single-image calls "
+        "`binary` key set stops at the block (`veil export he --replicate`); their stem runs on the client's im2col "
+        "patches in a larger block where he/cost.py predicts that costs less (a batching plan keeps the stem's own "
+        "block: more images per ciphertext). Single-image calls "
         f"interleaved image by image between every row of a block ({report['calls_per_row']} per row, the order "
         "rotating), server time only. 'One real call' is the images one call held ÷ that call's time (veil: one full "
         "ciphertext, the median of those calls; TenSEAL: one image per ciphertext; throughput mode: every test image "

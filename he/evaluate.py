@@ -169,12 +169,17 @@ class PlanEvaluator:
                                 f"received {len(cts)}")
         return self._run_one(cts, eval_keys)
 
-    def _run_one(self, cts: list[Ct], keys) -> list[Ct]:
+    def check_fresh(self, cts: list[Ct]) -> None:
+        """Refuse ciphertexts that are not fresh: at the first level and the scale of the plan's parameters."""
         chain = self.chain
         for ct in cts:
             if ct.parms_id() != chain.parms[0] or abs(ct.scale / chain.scale - 1) > 1e-9:
                 raise MismatchError("run: expected fresh ciphertexts at the first level and scale "
                                     f"2^{chain.params.scale_bits} of the plan's parameters")
+
+    def _run_one(self, cts: list[Ct], keys) -> list[Ct]:
+        chain = self.chain
+        self.check_fresh(cts)
         values: dict[str, Any] = {self.plan.spec["inputs"][0]["value"]: cts if self.plan.mode == "throughput" else cts[0]}
         kernel = self._latency if self.plan.mode == "latency" else self._throughput
         output = self.plan.spec["outputs"][0]["value"]

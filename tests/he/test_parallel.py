@@ -87,6 +87,46 @@ def test_crashed_worker_is_survived_and_replaced(conv, caplog) -> None:
         parallel.close()
 
 
+def test_a_worker_that_raises_mid_request_has_its_shares_computed_in_the_parent(conv, monkeypatch) -> None:
+    # lockstep: a worker's error arrives where its partial sums were due; the parent computes that share itself
+    from veil.he.pool import ForkedPool
+
+    plan, params, ring, keys, x, reference = conv
+    pool = ForkedPool(2)
+    parallel = ParallelEvaluator(plan, params, pool=pool, min_rotations=1)
+
+    def failing(*args, **kwargs):
+        if parallel._in_worker:
+            raise RuntimeError("injected worker failure")
+        return ParallelEvaluator.partial_sums(parallel, *args, **kwargs)
+
+    monkeypatch.setattr(parallel, "partial_sums", failing)  # before the fork: the worker inherits it
+    pool.start()
+    try:
+        np.testing.assert_allclose(_decrypted(parallel, plan, ring, keys, x), reference, atol=TOLERANCE, rtol=0)
+        assert parallel.failures == 1 and parallel.workers == []  # the pool closed, forked again next request
+    finally:
+        pool.close()
+
+
+def test_a_refused_input_leaves_the_workers_in_step(conv) -> None:
+    # the parent checks the ciphertext before any worker starts on it: no answer is left unread in a pipe
+    from veil.he.errors import MismatchError
+
+    plan, params, ring, keys, x, reference = conv
+    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
+    try:
+        (ct,) = ring.encrypt(plan.encode_inputs(x))
+        ct.scale = ct.scale * 2
+        pids = parallel.worker_pids()
+        with pytest.raises(MismatchError, match="fresh ciphertexts"):
+            parallel.run([ct], keys)
+        np.testing.assert_allclose(_decrypted(parallel, plan, ring, keys, x), reference, atol=TOLERANCE, rtol=0)
+        assert parallel.failures == 0 and parallel.worker_pids() == pids
+    finally:
+        parallel.close()
+
+
 def test_independent_ciphertexts_on_workers(conv) -> None:
     plan, params, ring, keys, _, _ = conv
     images = plan.batch_capacity + 3  # two ciphertexts, each a whole evaluation
