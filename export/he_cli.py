@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--replicate", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
                         help="latency: one image per ciphertext, its block repeated over every slot by the client, "
                              "so rotations count modulo the block (with --rotation-keys binary, log2(block) keys "
-                             "instead of log2(N/2)) and a conv's diagonals merge modulo it: on (bare --replicate) for "
+                             "instead of log2(N/2)), a conv's diagonals merge modulo it and a stem conv may run on "
+                             "im2col patches in a larger block where that is predicted faster: on (bare --replicate) for "
                              "every segment (one-image clients: fewer keys, no batching), off never, auto (default) "
                              "each segment with free slots when the plan holds one image per ciphertext anyway")
     parser.add_argument("--refresh", action="store_true",

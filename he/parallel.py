@@ -43,6 +43,7 @@ from veil.he.serialize import seal_from_bytes, seal_to_bytes
 logger = logging.getLogger("veil.he")
 MIN_ROTATIONS = 8  # a linear op with fewer key switches than this stays in the parent
 MULTIPLY_COST = 0.05  # a plaintext product, in key switches (N = 8192..16384, measured ~1/20)
+EXCHANGE_COST = 1.0  # one output's partial sums across a pipe (SEAL's zstd save + parse), in key switches (~0.85)
 Ct = sa.Ciphertext
 
 
@@ -264,12 +265,14 @@ class ParallelEvaluator(PlanEvaluator):
 
         Two candidate splits, by giant group (output, g) or by baby (input, b); groups go to the least loaded
         share (largest first), loads in key switches plus :data:`MULTIPLY_COST` per product; the split whose
-        largest share is smaller wins."""
+        largest share is smaller wins, if that share plus :data:`EXCHANGE_COST` per output is below the serial op's
+        load."""
         babies = {(k, b) for terms, *_ in outputs for k, b, _, _ in terms}
         giants = {(o, g) for o, (terms, *_) in enumerate(outputs) for _, _, g, _ in terms}
-        serial = sum(self._switches(b) for _, b in babies) + sum(self._switches(g) for _, g in giants)
-        if serial < self.min_rotations:
+        switches = sum(self._switches(b) for _, b in babies) + sum(self._switches(g) for _, g in giants)
+        if switches < self.min_rotations:
             return None
+        serial = switches + MULTIPLY_COST * sum(len(terms) for terms, *_ in outputs)
         best = None
         for by_giant in (True, False):
             groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -290,7 +293,7 @@ class ParallelEvaluator(PlanEvaluator):
                 bins[i].extend(groups[key])
             if best is None or max(loads) < best[0]:
                 best = (max(loads), bins)
-        if best[0] >= serial - 1e-9:
+        if best[0] + EXCHANGE_COST * len(outputs) >= serial - 1e-9:
             return None
         out = []
         for items in best[1]:
