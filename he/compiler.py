@@ -67,8 +67,10 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
         replicate: latency: one sample per ciphertext, its block tiled over every slot by the client, so
             steps count modulo the period ("binary": log2(period) keys, not log2(N/2)); no batching. With one
             image a request, a stem's im2col patches may take a larger block than the stem's own (a batching plan
-            refuses that: fewer images per ciphertext): the plan with the lower predicted seconds is kept
-            (he/cost.py; TenSEAL's 28x28 tutorial net: 52 -> 43 rotations, 0.44 -> 0.30 s an image).
+            refuses that: fewer images per ciphertext): the plan with the lower he/cost.py objective (predicted
+            seconds, the keys' one-time cost spread over requests) is kept, and under "binary" keys only if it needs
+            no more keys (TenSEAL's 28x28 tutorial net, "exact": 52 -> 43 rotations, 0.456 -> 0.350 s an image,
+            docs/results.md § he_cnn).
 
     Raises:
         CompileError: an op that is not polynomial or not supported, named with a hint.
@@ -85,10 +87,11 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
     model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
     plan = _compile(model, mode, precision_bits, rotation_keys, input_im2col, replicate, grow_stem=False)
     if replicate and input_im2col and "gather" not in plan.spec["inputs"][0] and _stem_may_grow(model):
-        from veil.he.cost import plan_cost
+        from veil.he.cost import objective, plan_cost
 
         grown = _compile(model, mode, precision_bits, rotation_keys, input_im2col, replicate, grow_stem=True)
-        if plan_cost(grown)["predicted_seconds"] < plan_cost(plan)["predicted_seconds"]:
+        fewest = rotation_keys == "binary" and len(grown.galois_steps) > len(plan.galois_steps)  # asked: fewest keys
+        if not fewest and objective([plan_cost(grown)]) < objective([plan_cost(plan)]):  # seconds, keys spread
             return grown
     return plan
 

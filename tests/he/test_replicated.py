@@ -42,22 +42,36 @@ def test_replicated_plan_tiles_each_sample_and_matches_onnx_runtime(name: str) -
 
 
 def test_one_image_plan_takes_a_stem_grown_on_im2col_patches_when_it_costs_less() -> None:
-    # k3 stride 2 on 8x8: 9 taps x 16 positions of patches need a 256-slot block, the conv's own is 64, so a plan
-    # that batches keeps the plain input; with one image a request the larger block costs nothing
-    from veil.he.cost import plan_cost
+    # a 3x3 stem on 8x8: 9 taps x 64 positions of patches need a 1024-slot block, the conv's own is 256, so a plan
+    # that batches keeps the plain input; with one image a request the larger block costs no images, and compile
+    # keeps whichever plan has the lower cost objective (seconds plus the keys' one-time cost spread)
+    from veil.he.compiler import _compile
+    from veil.he.cost import objective, plan_cost
 
-    model = exported("k3_stride2")
-    batching = compile(model, mode="latency")
-    plain, grown = (compile(model, mode="latency", replicate=True, input_im2col=g) for g in (False, True))
-    assert "gather" not in batching.spec["inputs"][0] and "gather" not in plain.spec["inputs"][0]
-    assert grown.spec["inputs"][0]["features"] == 9 * 16 and grown.spec["period"] > plain.spec["period"]
-    assert plan_cost(grown)["predicted_seconds"] < plan_cost(plain)["predicted_seconds"]
-    assert grown.spec["rotations"]["key_switches"] < plain.spec["rotations"]["key_switches"]
+    def both(model):
+        return [_compile(model, "latency", 20, "exact", True, True, grow_stem=g) for g in (False, True)]
+
+    model = exported("k3_1-4-8_gap")
+    plain, grown = both(model)
+    assert "gather" not in compile(model, mode="latency").spec["inputs"][0] and "gather" not in plain.spec["inputs"][0]
+    assert grown.spec["inputs"][0]["features"] == 9 * 64 and grown.spec["period"] > plain.spec["period"]
     assert grown.slots == plain.slots  # the ring does not grow with the block
+    assert objective([plan_cost(grown)]) < objective([plan_cost(plain)])
+    assert grown.spec["rotations"]["key_switches"] < plain.spec["rotations"]["key_switches"]
+    assert compile(model, mode="latency", replicate=True).hash() == grown.hash()
     x = np.random.default_rng(5).normal(size=(2, 1, 8, 8))
     out, steps = encrypted(grown, x)
     np.testing.assert_allclose(out, ort_run(model, x), atol=TOLERANCE, rtol=0)
     assert set(steps) <= set(grown.galois_steps)
+    # where the grown block's extra keys outweigh its seconds (k3 stride 2: 37 -> 36 rotations, 4 MB more keys)
+    # the plain input stays
+    plain, grown = both(exported("k3_stride2"))
+    assert objective([plan_cost(grown)]) > objective([plan_cost(plain)])
+    assert compile(exported("k3_stride2"), mode="latency", replicate=True).hash() == plain.hash()
+    # "binary" asks for the fewest keys: a grown block whose steps reach further is not taken for its seconds
+    binary = [with_key_manifest(p, "binary") for p in both(model)]
+    assert len(binary[1].galois_steps) > len(binary[0].galois_steps)
+    assert compile(model, mode="latency", rotation_keys="binary", replicate=True).galois_steps == binary[0].galois_steps
 
 
 def test_binary_keys_of_a_replicated_plan_stay_inside_the_period() -> None:
