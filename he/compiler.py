@@ -30,8 +30,9 @@ from veil.he.errors import CompileError, ParameterError  # CompileError: still i
 from veil.he.latency import pack_latency
 from veil.he.layout import MAX_SLOTS
 from veil.he.lowering import Affine, Builder, identity, sparse
-from veil.he.packing import key_manifest, next_pow2, parse_key_mode, rotation_counts, rotation_uses
+from veil.he.packing import key_manifest, parse_key_mode, rotation_counts, rotation_uses
 from veil.he.plan import FORMAT, REPLICATED_FORMAT, Mode, Plan
+from veil.he.stem import conv_taps, im2col_gather, stem_conv, stem_may_grow, stem_patches
 
 AFFINE_OPS = {"Gemm", "MatMul", "Conv", "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Transpose",
               "Squeeze", "Unsqueeze", "Identity", "Add", "Sub", "Mul", "Div", "Neg", "Pad", "ReduceMean",
@@ -86,7 +87,8 @@ def compile(onnx_model: onnx.ModelProto | str | Path, mode: Mode = "latency", pr
         raise CompileError(f"compile: {exc}") from None
     model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
     plan = _compile(model, mode, precision_bits, rotation_keys, input_im2col, replicate, grow_stem=False)
-    if replicate and input_im2col and "gather" not in plan.spec["inputs"][0] and _stem_may_grow(model):
+    if replicate and input_im2col and "gather" not in plan.spec["inputs"][0] \
+            and stem_may_grow(model.graph, _sample_shape(model.graph)):
         from veil.he.cost import objective, plan_cost
 
         grown = _compile(model, mode, precision_bits, rotation_keys, input_im2col, replicate, grow_stem=True)
@@ -109,7 +111,7 @@ def _compile(model: onnx.ModelProto, mode: Mode, precision_bits: int, rotation_k
     consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     opsets = list(model.opset_import)
     gather: list[int] | None = None
-    stem = _stem_conv(graph, source.name) if mode == "latency" and input_im2col else None
+    stem = stem_conv(graph, source.name) if mode == "latency" and input_im2col else None
     for node in graph.node:
         if node is stem:
             gather = _lower_gathered_conv(node, tensors, consts, builder, opsets, grow_stem)
@@ -235,62 +237,15 @@ def _lower(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str, np.n
     tensors[node.output[0]] = _affine_node(node, name, tensors[dynamic[0]], dynamic[0], consts, opsets)
 
 
-def _stem_conv(graph: onnx.GraphProto, source: str) -> onnx.NodeProto | None:
-    """The Conv that is the graph input's only consumer, if there is one."""
-    consumers = [n for n in graph.node if source in n.input]
-    return consumers[0] if len(consumers) == 1 and consumers[0].op_type == "Conv" and not consumers[0].domain \
-        else None
-
-
-def im2col_gather(shape: tuple[int, ...], kernel: tuple[int, int], strides: tuple[int, int],
-                  pads: tuple[int, int, int, int], dilations: tuple[int, int]) -> tuple[np.ndarray, tuple[int, ...]]:
-    """For a 2-D conv on a (C, H, W) sample: the flat input index (-1: padding) of every patch entry, in
-    (C, kh, kw, OH, OW) order, and that order's shape (C * kh * kw, OH, OW)."""
-    (c, h, w), (kh, kw), (sy, sx), (dy, dx) = shape, kernel, strides, dilations
-    oh = (h + pads[0] + pads[2] - dy * (kh - 1) - 1) // sy + 1
-    ow = (w + pads[1] + pads[3] - dx * (kw - 1) - 1) // sx + 1
-    ci, ky, kx, oy, ox = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), np.arange(oh), np.arange(ow),
-                                     indexing="ij")
-    iy, ix = oy * sy - pads[0] + ky * dy, ox * sx - pads[1] + kx * dx
-    inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
-    index = np.where(inside, ci * h * w + iy * w + ix, -1).reshape(-1)
-    return index, (c * kh * kw, oh, ow)
-
-
-def _stem_patches(node: onnx.NodeProto, shape: tuple[int, ...], consts: dict[str, np.ndarray]
-                  ) -> tuple[np.ndarray, tuple[int, ...], np.ndarray, int, int] | None:
-    """A stem Conv on a (C, H, W) sample as im2col patches: (:func:`im2col_gather`'s index and patch shape, the
-    weight, the patches' block, the conv's own block: its input's or output's, the larger); None for a conv this
-    does not cover (groups, auto_pad, non-2-D)."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    weight = consts.get(node.input[1]) if len(node.input) > 1 else None
-    if weight is None or weight.ndim != 4 or len(shape) != 3 or attrs.get("group", 1) != 1 \
-            or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        return None
-    index, patch_shape = im2col_gather(shape, tuple(weight.shape[2:]), tuple(attrs.get("strides", (1, 1))),
-                                       tuple(attrs.get("pads", (0, 0, 0, 0))), tuple(attrs.get("dilations", (1, 1))))
-    own = next_pow2(max(int(np.prod(shape)), weight.shape[0] * int(np.prod(patch_shape[1:]))))
-    return index, patch_shape, weight, next_pow2(len(index)), own
-
-
-def _stem_may_grow(model: onnx.ModelProto) -> bool:
-    """Whether the graph's stem Conv has patches that need a larger block than its own, within the largest ring."""
-    graph = model.graph
-    stem = _stem_conv(graph, graph.input[0].name)
-    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer if stem is not None and i.name in stem.input}
-    patches = None if stem is None else _stem_patches(stem, _sample_shape(graph), consts)
-    return patches is not None and patches[4] < patches[3] <= MAX_SLOTS
-
-
 def _lower_gathered_conv(node: onnx.NodeProto, tensors: dict[str, Any], consts: dict[str, np.ndarray],
                          builder: Builder, opsets: list[onnx.OperatorSetIdProto], grow: bool = False
                          ) -> list[int] | None:
     """Lower the stem Conv on im2col patches the client encrypts (the input value v0 becomes the patches);
-    None (nothing changed) for a conv :func:`_stem_patches` does not cover or whose patches would need a larger
-    block than its input and output (a stride-1 conv: kh * kw times the input), unless ``grow`` (one image a
-    request: the block may grow up to the largest ring's slots)."""
+    None (nothing changed) for a conv :func:`~veil.he.stem.stem_patches` does not cover or whose patches would need
+    a larger block than its input and output (a stride-1 conv: kh * kw times the input), unless ``grow`` (one image
+    a request: the block may grow up to the largest ring's slots)."""
     x = tensors[node.input[0]]
-    patched = _stem_patches(node, x.shape, consts)
+    patched = stem_patches(node, x.shape, consts)
     if patched is None:
         return None
     index, patch_shape, weight, block, own = patched
@@ -299,7 +254,7 @@ def _lower_gathered_conv(node: onnx.NodeProto, tensors: dict[str, Any], consts: 
     positions = int(np.prod(patch_shape[1:]))
     conv = _affine_node(node, node.name or node.output[0], x, node.input[0], consts, opsets)
     (value, dense), = conv.terms.items()
-    rows, entry, taps = _conv_taps(weight, index, positions)
+    rows, entry, taps = conv_taps(weight, index, positions)
     patches = sparse(sp.csr_array((taps, (rows, entry)), shape=(dense.shape[0], len(index))))
     valid = np.flatnonzero(index >= 0)
     select = sp.csr_array((np.ones(len(valid)), (valid, index[valid])), shape=(len(index), x.features))
@@ -309,17 +264,6 @@ def _lower_gathered_conv(node: onnx.NodeProto, tensors: dict[str, Any], consts: 
     builder.values[value].update(features=len(index), shape=list(patch_shape))
     tensors[node.output[0]] = Affine({value: patches}, conv.bias, conv.shape)
     return index.tolist()
-
-
-def _conv_taps(weight: np.ndarray, index: np.ndarray, positions: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A conv's products as (output row, patch entry, tap weight): patch entry k P + p (tap k, output position p,
-    :func:`im2col_gather` order; padding left out) of output channel o lands on row o P + p with weight W[o, k]."""
-    out_channels = weight.shape[0]
-    entry = np.flatnonzero(index >= 0)
-    k, p = np.divmod(entry, positions)
-    rows = (np.arange(out_channels)[:, None] * positions + p[None, :]).reshape(-1)
-    taps = weight.reshape(out_channels, -1).astype(np.float64)[:, k].reshape(-1)
-    return rows, np.tile(entry, out_channels), taps
 
 
 def _broadcast(x: Affine, shape: tuple[int, ...], gain: float) -> Affine:
@@ -416,7 +360,7 @@ def _affine_node(node: onnx.NodeProto, name: str, x: Affine, x_name: str, consts
 def _conv_matrix(node: onnx.NodeProto, shape: tuple[int, ...], consts: dict[str, np.ndarray]
                  ) -> tuple[sp.csr_array, np.ndarray] | None:
     """(matrix, bias) of a 2-D, ungrouped Conv with constant weights on a (C, H, W) sample, from its weights
-    and :func:`im2col_gather`; None for any other node (it is probed instead)."""
+    and :func:`~veil.he.stem.im2col_gather`; None for any other node (it is probed instead)."""
     if node.op_type != "Conv" or node.domain or len(shape) != 3 or len(node.input) < 2 \
             or node.input[1] not in consts:
         return None
@@ -428,7 +372,7 @@ def _conv_matrix(node: onnx.NodeProto, shape: tuple[int, ...], consts: dict[str,
     index, patch_shape = im2col_gather(shape, tuple(weight.shape[2:]), tuple(attrs.get("strides", (1, 1))),
                                        tuple(attrs.get("pads", (0, 0, 0, 0))), tuple(attrs.get("dilations", (1, 1))))
     out_channels, positions = weight.shape[0], int(np.prod(patch_shape[1:]))
-    rows, entry, taps = _conv_taps(weight, index, positions)
+    rows, entry, taps = conv_taps(weight, index, positions)
     matrix = sp.csr_array((taps, (rows, index[entry])), shape=(out_channels * positions, int(np.prod(shape))))
     bias = consts[node.input[2]].astype(np.float64) if len(node.input) > 2 and node.input[2] else \
         np.zeros(out_channels)
