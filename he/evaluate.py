@@ -138,21 +138,30 @@ class PlanEvaluator:
                 babies = residue(offsets, modulus, signed)
                 for mask, b, delta in zip(masks, babies, offsets, strict=True):
                     g = int(delta - b)
-                    terms.append((k, int(b), g, self._mask(tile(np.roll(mask, g), chain.slots), level - 1, q)))
+                    terms.append((k, int(b), g, self._mask(mask, g, level - 1, q)))
             sums = [(k, chain.encode(tile(self.plan.tensors[t], chain.slots), level - 1, q))
                     for k, t in enumerate(broadcast or []) if t is not None]
             outputs.append((terms, sums, chain.encode(tile(bias, chain.slots), level - 1, chain.scale * q),
                             fold_steps(fold)))
         return outputs
 
-    def _mask(self, values: np.ndarray, level: int, scale: float) -> sa.Plaintext | tuple[np.ndarray, int, float]:
-        """A mask encoded now while the budget lasts, else kept as (float32 values, level, scale) and encoded
-        at use: an encoded mask holds N x primes words (1.2 MB at N = 16384, 9 primes), 18x its float32 values."""
+    def _mask(self, mask: np.ndarray, roll: int, level: int, scale: float) -> sa.Plaintext | tuple:
+        """``mask`` rolled by ``roll`` and tiled over the slots, encoded now while the budget lasts; else the plan's
+        own row, the roll, level and scale, encoded at use (no copy held: an encoded mask holds N x primes words,
+        1.2 MB at N = 16384 and 9 primes, and a tiled float32 copy of a replicated block would hold slots / block
+        times the row)."""
         size = self.chain.params.poly_modulus_degree * 8 * (len(self.chain.parms) - level)
         if size <= self._budget:
             self._budget -= size
-            return self.chain.encode(values, level, scale)
-        return values.astype(np.float32), level, scale
+            return self.chain.encode(tile(np.roll(mask, roll), self.chain.slots), level, scale)
+        return mask, roll, level, scale
+
+    def _plaintext(self, pt: sa.Plaintext | tuple) -> sa.Plaintext:
+        """A mask's plaintext: itself if encoded at load, else encoded now (see :meth:`_mask`)."""
+        if isinstance(pt, sa.Plaintext):
+            return pt
+        mask, roll, level, scale = pt
+        return self.chain.encode(tile(np.roll(mask, roll), self.chain.slots), level, scale)
 
     # -- run ---------------------------------------------------------------------------------------------
     def run(self, cts: list[Ct], eval_keys) -> list[Ct]:
@@ -247,8 +256,7 @@ class PlanEvaluator:
             if (k, b) not in babies:
                 babies[k, b] = xs[k] if b == 0 else self.rotate(xs[k], b, galois)
             term = Ct()
-            ev.multiply_plain(babies[k, b], pt if isinstance(pt, sa.Plaintext) else self.chain.encode(
-                pt[0].astype(np.float64), pt[1], pt[2]), term)
+            ev.multiply_plain(babies[k, b], self._plaintext(pt), term)
             giants[g] = _accumulate(ev, giants.get(g), term)
         total = giants.pop(0, None)
         for g, partial in giants.items():

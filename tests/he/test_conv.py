@@ -204,18 +204,24 @@ def test_images_share_a_ciphertext_and_match_one_at_a_time() -> None:
     np.testing.assert_allclose(together, ort_run(model, x), atol=TOLERANCE, rtol=0)
 
 
-def test_masks_past_the_encoding_budget_are_encoded_at_use() -> None:
-    # a deep plan's masks encoded at load outgrew memory (the PolyViT: ~7 GB); past the budget they stay float32
+def test_masks_past_the_encoding_budget_are_encoded_at_use_from_the_plans_own_rows() -> None:
+    # a deep plan's masks encoded at load outgrew memory (the PolyViT: ~7 GB); past the budget a term holds the
+    # plan's own mask row (no copy: a tiled float32 copy of a replicated block held slots / block times the row)
+    # and is encoded at use to the very plaintext the load would have made
     model = exported("k3_1-4-8_gap")
     plan = compile(model, mode="latency")
     x = np.random.default_rng(5).normal(size=(2, 1, 8, 8))
-    encoded, _ = encrypted(plan, x)
+    encrypted(plan, x)  # the plan's keyring
     ring = _RUNNERS[plan.hash()][0]
+    eager = PlanEvaluator(plan, plan.parameters())
     lazy = PlanEvaluator(plan, plan.parameters(), encoded_bytes=0)
     terms = [t for op in lazy.encoded if isinstance(op, list) for out in op for t in out[0]]
-    assert terms and all(isinstance(t[3], tuple) for t in terms)  # (float32 values, level, scale), not encoded
-    out = plan.decode_outputs(ring.decrypt(lazy.run(ring.encrypt(plan.encode_inputs(x)), ring.evaluation_keys())), 2)
-    np.testing.assert_allclose(out, encoded, atol=TOLERANCE / 2, rtol=0)
+    assert terms and all(isinstance(t[3], tuple) for t in terms)
+    rows = [t[3][0] for t in terms]
+    assert all(any(np.shares_memory(row, m) for m in plan.tensors.values()) for row in rows)
+    cts = ring.encrypt(plan.encode_inputs(x))
+    out, reference = (plan.decode_outputs(ring.decrypt(e.run(cts, ring.evaluation_keys())), 2) for e in (lazy, eager))
+    np.testing.assert_array_equal(out, reference)  # the same plaintexts: the same ciphertext, bit for bit
     np.testing.assert_allclose(out, ort_run(model, x), atol=TOLERANCE, rtol=0)
 
 
