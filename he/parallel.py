@@ -5,19 +5,19 @@ not help; :class:`ParallelEvaluator` forks ``processes - 1`` worker processes on
 plaintexts are encoded, so every worker shares them copy-on-write (no second copy, no second encoding). The
 parent is worker 0.
 
-One ciphertext runs in *lockstep*: the parent sends it to every worker once, and every process runs the whole plan
-on it. Per latency-mode linear op whose cost (key switches) reaches ``min_rotations``, the op's masked-diagonal terms
-are partitioned into ``processes`` shares, either by giant step (each share computes the baby rotations it needs
-and its own giant groups) or by baby step (each share computes its babies and rotates its partial sum of every
-giant group), whichever gives the smaller largest share by key switches. A share is a partial sum
-``sum_g rot_g(sum_b rot_b(x) * pt)`` per output ciphertext; every process computes its own, the parent gathers the
-workers' and sends each worker the others', and every process adds them all (RNS additions are exact, so every
-process then holds the same ciphertext), folds, adds the broadcast terms and bias and rescales as the serial path
-does. Everything else (ciphertext products, small linear ops) every process computes itself: one exchange of
-partial sums per split op is all that crosses a pipe, where sending the op's input to the workers and their partial
-sums back (the parent alone holding the state) cost two serializations on the critical path, each about a
-rotation's time (SEAL's zstd). The result is the serial result up to the grouping of the rotations (CKKS noise). A
-request with several independent ciphertexts sends whole ciphertexts to the workers instead.
+Per latency-mode linear op whose cost (key switches) reaches ``min_rotations``, the op's masked-diagonal terms
+are partitioned into ``processes`` shares, either by giant step (each share computes the baby rotations it
+needs and its own giant groups) or by baby step (each share computes its babies and rotates its partial sum of
+every giant group), whichever gives the smaller largest share by key switches. A share is a partial sum
+``sum_g rot_g(sum_b rot_b(x) * pt)`` per output ciphertext; rotation is linear, so the parent adds the shares,
+then folds, adds the broadcast terms and bias and rescales exactly as the serial path does. The result is the
+serial result up to the order of additions (CKKS noise). A request with several independent ciphertexts sends
+whole ciphertexts to the workers instead.
+
+Only the split ops run on the workers; everything else runs once, in the parent. A *lockstep* variant (every
+process running the whole plan on its own copy, exchanging only partial sums) saved the op's input crossing the pipe
+but ran the unsplit rotations (block sums, folds) and products on every process at once: on 2 cores it took a
+ResNet-20 image 117-155 s against 71 s for this split and 86 s on one core (docs/he.md "Cores").
 
 Workers, their pipes, keys and failures: :mod:`veil.he.pool`.
 
@@ -37,13 +37,13 @@ import tenseal.sealapi as sa
 from veil.he.evaluate import PlanEvaluator, _accumulate
 from veil.he.keys import EvaluationKeys
 from veil.he.packing import decompose
-from veil.he.pool import ForkedPool, Lockstep, WorkerFailed, _Worker, default_processes
+from veil.he.pool import ForkedPool, WorkerFailed, _Worker, default_processes
 from veil.he.serialize import seal_from_bytes, seal_to_bytes
 
 logger = logging.getLogger("veil.he")
 MIN_ROTATIONS = 8  # a linear op with fewer key switches than this stays in the parent
 MULTIPLY_COST = 0.05  # a plaintext product, in key switches (N = 8192..16384, measured ~1/20)
-EXCHANGE_COST = 1.0  # one output's partial sums across a pipe (SEAL's zstd save + parse), in key switches (~0.85)
+EXCHANGE_COST = 1.0  # one ciphertext across a pipe (SEAL's zstd save + parse), in key switches (~0.85)
 Ct = sa.Ciphertext
 
 
@@ -72,8 +72,10 @@ class ParallelEvaluator(PlanEvaluator):
         self.min_rotations = min_rotations
         self.failures = 0  # worker failures seen (tests and metrics)
         self._in_worker = False
+        self._op_index = {id(op): i for i, op in enumerate(plan.ops)}
         self._keys: OrderedDict[int, EvaluationKeys] = OrderedDict()  # id -> keys (held, so an id is not reused)
-        self._step: Lockstep | None = None  # the lockstep run in progress (parent or worker), None: serial
+        self._current_keys: EvaluationKeys | None = None
+        self._current_op: dict[str, Any] | None = None
         self._warned = False
         if pool is None:
             self.start()
@@ -127,34 +129,10 @@ class ParallelEvaluator(PlanEvaluator):
         self._keys.move_to_end(id(eval_keys))
         while len(self._keys) > self.pool.key_sets + 1:
             self._keys.popitem(last=False)
-        if self.plan.mode != "latency":
+        self._current_keys = eval_keys
+        if self.plan.mode != "latency" or len(cts) < 2:
             return super().run(cts, eval_keys)
-        return self._run_lockstep(cts, eval_keys) if len(cts) == 1 else self._run_many(cts, eval_keys)
-
-    def _run_lockstep(self, cts: list[Ct], keys: EvaluationKeys) -> list[Ct]:
-        """One ciphertext on every process at once (the module docstring); serial while another request holds the
-        pool. A worker that fails mid-request has its shares recomputed here; any other error closes the pool
-        (its workers' state is unknown) and is raised."""
-        self.check_fresh(cts)  # before any worker starts: a refused input leaves nothing unread in a pipe
-        if not self._lock.acquire(blocking=False):
-            return super().run(cts, keys)
-        try:
-            workers = list(self.workers)
-            size, blob = len(workers) + 1, seal_to_bytes(cts[0])
-            sent = self._send(workers, list(range(1, size)), keys,
-                              lambda rank: ("lockstep", id(keys), self.index, rank, size, blob))
-            self._step = Lockstep(0, size, {r: w for r, w in enumerate(workers, 1) if id(w) in sent})
-            try:
-                out = self._run_one(cts, keys)
-                for rank in list(self._step.peers):
-                    self._from_peer(rank)  # its end-of-run "ok"
-            except BaseException:
-                self.close()
-                raise
-            return out
-        finally:
-            self._step = None
-            self._lock.release()
+        return self._run_many(cts, eval_keys)
 
     def _run_many(self, cts: list[Ct], keys: EvaluationKeys) -> list[Ct]:
         """Independent ciphertexts: whole evaluations, ciphertext i on process i mod W (the parent is 0)."""
@@ -204,57 +182,35 @@ class ParallelEvaluator(PlanEvaluator):
     def _load(self, blob: bytes) -> Ct:
         return seal_from_bytes(Ct(), self.chain.ctx, blob)
 
+    def _latency(self, op, xs, encoded, keys):
+        self._current_op = op
+        return super()._latency(op, xs, encoded, keys)
+
     def _bsgs(self, xs: list[Ct], outputs: list, window: int, galois) -> list[Ct]:
-        step = self._step
-        shares = None if step is None else self.partition(outputs, step.size)
-        if shares is None:  # serial, or an op too small to split: every process computes it
+        keys = self._current_keys
+        if (self._in_worker or not self.workers or keys is None or keys.galois is not galois
+                or not self._lock.acquire(blocking=False)):
             return super()._bsgs(xs, outputs, window, galois)
-        mine = self.partial_sums(xs, outputs, shares[step.rank], galois)
-        partials = self._swap(step, mine) if self._in_worker else self._gather(step, mine, shares, xs, outputs, galois)
-        return self._finish(xs, outputs, window, galois, partials)
-
-    def _gather(self, step: Lockstep, mine: dict[int, Ct], shares: list, xs: list[Ct], outputs: list,
-                galois) -> list[dict[int, Ct]]:
-        """The parent's exchange: every worker's partial sums in (a failed worker's share computed here), then each
-        worker sent the other ranks'. Its own are serialized first, while the workers serialize theirs."""
-        blobs: dict[int, dict[int, bytes]] = {0: {o: seal_to_bytes(ct) for o, ct in mine.items()}} if step.peers else {}
-        by_rank = {0: mine}
-        for rank in range(1, step.size):
-            answer = self._from_peer(rank) if rank in step.peers else None
-            if answer is None:
-                by_rank[rank] = self.partial_sums(xs, outputs, shares[rank], galois)
-            else:
-                blobs[rank], by_rank[rank] = answer, {o: self._load(b) for o, b in answer.items()}
-        for rank, worker in list(step.peers.items()):
-            others = {r: blobs.get(r) or {o: seal_to_bytes(ct) for o, ct in by_rank[r].items()}
-                      for r in range(step.size) if r != rank}
-            try:
-                worker.send(("ok", others))
-            except WorkerFailed as exc:
-                self._lost(exc)
-        return [by_rank[r] for r in range(step.size)]
-
-    def _swap(self, step: Lockstep, mine: dict[int, Ct]) -> list[dict[int, Ct]]:
-        """A worker's exchange: its partial sums to the parent, every other rank's back."""
-        step.conn.send(("ok", {o: seal_to_bytes(ct) for o, ct in mine.items()}))
-        status, others = step.conn.recv()
-        if status != "ok":
-            raise RuntimeError(f"lockstep exchange: the parent answered {status!r}")
-        by_rank = {r: {o: self._load(b) for o, b in part.items()} for r, part in others.items()}
-        return [mine if r == step.rank else by_rank[r] for r in range(step.size)]
-
-    def _from_peer(self, rank: int) -> Any:
-        """The next answer of the worker of ``rank`` in this lockstep run; None (and the pool closed) if it failed."""
         try:
-            return self._step.peers[rank].receive()
-        except WorkerFailed as exc:
-            self._lost(exc)
-            return None
-
-    def _lost(self, exc: WorkerFailed) -> None:
-        """A worker failed mid-run: the pool is closed and every remaining share is computed in the parent."""
-        self._failed(exc)
-        self._step.peers.clear()
+            shares = self.partition(outputs, len(self.workers) + 1)
+            if shares is None:
+                return super()._bsgs(xs, outputs, window, galois)
+            op = self._op_index[id(self._current_op)]
+            workers = list(self.workers)
+            blobs = [seal_to_bytes(x) for x in xs]
+            sent = self._send(workers, shares[1:], keys, lambda share: ("bsgs", id(keys), self.index, op, blobs, share))
+            partials = [self.partial_sums(xs, outputs, shares[0], galois)]
+            for worker, share in zip(workers, shares[1:], strict=False):
+                if not share:
+                    continue
+                answer = self._receive(worker, sent)
+                if answer is None:
+                    partials.append(self.partial_sums(xs, outputs, share, galois))
+                else:
+                    partials.append({o: self._load(blob) for o, blob in answer.items()})
+        finally:
+            self._lock.release()
+        return self._finish(xs, outputs, window, galois, partials)
 
     # -- the split --------------------------------------------------------------------------------------------
     def _switches(self, step: int) -> int:
@@ -265,8 +221,8 @@ class ParallelEvaluator(PlanEvaluator):
 
         Two candidate splits, by giant group (output, g) or by baby (input, b); groups go to the least loaded
         share (largest first), loads in key switches plus :data:`MULTIPLY_COST` per product; the split whose
-        largest share is smaller wins, if that share plus :data:`EXCHANGE_COST` per output is below the serial op's
-        load."""
+        largest share is smaller wins, if that share plus :data:`EXCHANGE_COST` per ciphertext that crosses a pipe
+        (the op's inputs out, a share's partial sums back) is below the serial op's load."""
         babies = {(k, b) for terms, *_ in outputs for k, b, _, _ in terms}
         giants = {(o, g) for o, (terms, *_) in enumerate(outputs) for _, _, g, _ in terms}
         switches = sum(self._switches(b) for _, b in babies) + sum(self._switches(g) for _, g in giants)
@@ -293,7 +249,8 @@ class ParallelEvaluator(PlanEvaluator):
                 bins[i].extend(groups[key])
             if best is None or max(loads) < best[0]:
                 best = (max(loads), bins)
-        if best[0] + EXCHANGE_COST * len(outputs) >= serial - 1e-9:
+        inputs = len({k for terms, *_ in outputs for k, *_ in terms})
+        if best[0] + EXCHANGE_COST * (inputs + len(outputs)) >= serial - 1e-9:
             return None
         out = []
         for items in best[1]:

@@ -13,14 +13,13 @@ round instead forked a worker per round, each parsing the same N = 32768 key set
 Failures: a worker that dies or fails is logged once; its share is recomputed in the parent (the request still
 gets the serial result), the pool is closed and forked again on the next request. Workers are daemon processes
 reading a pipe: they exit with the parent (``atexit``) or when the pipe closes (the parent was killed).
-Concurrent requests: one holds the pool for its whole run; another is evaluated serially meanwhile.
+Concurrent requests: one holds the pool per op; another evaluates that op serially meanwhile.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import multiprocessing
 import os
 import threading
@@ -82,17 +81,6 @@ class _Worker:
             self.process.join(timeout=5)
 
 
-@dataclasses.dataclass
-class Lockstep:
-    """A lockstep run in progress: this process's rank of ``size``; the parent's live workers by rank (a rank
-    without one has its shares computed in the parent) or a worker's pipe to the parent."""
-
-    rank: int
-    size: int
-    peers: dict[int, _Worker] = dataclasses.field(default_factory=dict)
-    conn: Any = None
-
-
 class ForkedPool:
     """Forked workers shared by the :class:`ParallelEvaluator` s added to it (a deep model's rounds).
 
@@ -145,9 +133,8 @@ class ForkedPool:
 
 
 def _worker_main(pool: ForkedPool, conn: Any, parent_end: Any) -> None:
-    """A forked worker's loop: ("keys", token, bytes) | ("lockstep", token, evaluator, rank, size, blob): the
-    whole plan on one ciphertext beside the parent, exchanging partial sums at every split op | ("run", token,
-    evaluator, blobs): whole evaluations of independent ciphertexts.
+    """A forked worker's loop: ("keys", token, bytes) | ("bsgs", token, evaluator, op, x blobs, share) |
+    ("run", token, evaluator, blobs).
 
     ``pool`` is the parent's object as it was at the fork (its evaluators' encoded plaintexts shared copy-on-write)."""
     parent_end.close()
@@ -173,14 +160,11 @@ def _worker_main(pool: ForkedPool, conn: Any, parent_end: Any) -> None:
             keys.move_to_end(token)
             evaluator = pool.evaluators[message[2]]
             ctx = evaluator.chain.ctx
-            if kind == "lockstep":
-                _, _, _, rank, size, blob = message
-                evaluator._step = Lockstep(rank, size, conn=conn)
-                try:
-                    evaluator._run_one([seal_from_bytes(Ct(), ctx, blob)], keys[token])
-                finally:
-                    evaluator._step = None
-                conn.send(("ok", None))
+            if kind == "bsgs":
+                _, _, _, op, blobs, share = message
+                xs = [seal_from_bytes(Ct(), ctx, blob) for blob in blobs]
+                partial = evaluator.partial_sums(xs, evaluator.encoded[op], share, keys[token].galois)
+                conn.send(("ok", {o: seal_to_bytes(ct) for o, ct in partial.items()}))
             elif kind == "run":
                 cts = [seal_from_bytes(Ct(), ctx, blob) for blob in message[3]]
                 conn.send(("ok", [seal_to_bytes(evaluator._run_one([ct], keys[token])[0]) for ct in cts]))

@@ -88,7 +88,7 @@ def test_crashed_worker_is_survived_and_replaced(conv, caplog) -> None:
 
 
 def test_a_worker_that_raises_mid_request_has_its_shares_computed_in_the_parent(conv, monkeypatch) -> None:
-    # lockstep: a worker's error arrives where its partial sums were due; the parent computes that share itself
+    # a worker's error arrives where its partial sums were due; the parent computes that share itself
     from veil.he.pool import ForkedPool
 
     plan, params, ring, keys, x, reference = conv
