@@ -133,13 +133,12 @@ def markdown(report: dict) -> str:
             f"{r['parallel']['cpu_per_wall'] * p['median_s']:.2f} | {r['max_abs_difference']:.1e}, {100 * r['argmax_agreement']:.0f} % "
             f"| {r['memory']['parent_rss_mib']:.0f} | {workers} | {r['load_1min_before']:.2f}, {r['load_1min_after']:.2f} |")
     lines += ["", "CPU s per image = CPU/wall x the median: the work the split adds (baby rotations repeated in "
-              "every share, the exchange of partial sums through the pipes, and the unsplit ops every process of "
-              "the lockstep run computes itself). The speedup needs a free core per process: where another job "
+              "every share, and each split op's input and partial sums through the pipes). The speedup needs a free core per process: where another job "
               "holds a core (the load average column), the processes share what is left and the added work makes "
               "the parallel side slower.", "", "A perfect split on W cores is W x; a giant-step split of a BSGS op "
               "repeats its baby rotations in every share (at best sqrt(2) on 2 processes), and what no process "
-              "splits (the non-linear ops, the folds, the bias and rescale of each split op, and each exchange of "
-              "partial sums: a SEAL save with zstd and a parse) bounds it below that (Amdahl)."]
+              "splits (the non-linear ops, the folds, the bias and rescale of each split op, and each ciphertext "
+              "through a pipe: a SEAL save with zstd and a parse) bounds it below that (Amdahl)."]
     return "\n".join(lines) + "\n"
 
 
