@@ -16,8 +16,9 @@ whole ciphertexts to the workers instead.
 
 Only the split ops run on the workers; everything else runs once, in the parent. A *lockstep* variant (every
 process running the whole plan on its own copy, exchanging only partial sums) saved the op's input crossing the pipe
-but ran the unsplit rotations (block sums, folds) and products on every process at once: on 2 cores it took a
-ResNet-20 image 117-155 s against 71 s for this split and 86 s on one core (docs/he.md "Cores").
+but ran the unsplit rotations (block sums, folds) and products on every process at once: on 2 cores a ResNet-20's
+first three requests took 155, 117 and 126 s, against 135, 104 and 108 s for this split the same day
+(docs/he.md "Cores").
 
 Workers, their pipes, keys and failures: :mod:`veil.he.pool`.
 
