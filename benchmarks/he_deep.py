@@ -205,7 +205,7 @@ def run_encrypted(ck: Path, workdir: Path, name: str, images: int, precision_bit
         "seconds_per_image": {k: statistics.median(r[k] for r in rows)
                               for k in PER_IMAGE},
         "bytes_per_round": per_round, "keygen_register_s": keygen_s, "export_compile_s": export_s,
-        "key_bytes": sum(len(ring.evaluation_keys().to_bytes()) for _, _, ring in session.rings.values()),
+        "key_bytes": sum(ring.evaluation_keys().size_bytes for _, _, ring in session.rings.values()),
         "test_accuracy": accuracy,
     }
 
@@ -286,7 +286,7 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
         start = time.perf_counter()
         session = HeSession.create(url, "resnet-he", workdir / "keys" / "resnet.keyring", progress=False)
         keygen_s = time.perf_counter() - start
-        key_bytes = sum(len(ring.evaluation_keys().to_bytes()) for _, _, ring in session.rings.values())
+        key_bytes = sum(ring.evaluation_keys().size_bytes for _, _, ring in session.rings.values())
         batch = min(int(seg["plan"]["batch_capacity"]) for seg in session.he["segments"])
         deadline, i = time.monotonic() + 60 * max_minutes, 0
         while i < images and time.monotonic() < deadline:

@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import warnings
@@ -33,10 +32,13 @@ import tenseal.sealapi as sa
 from veil.he.errors import HEError, KeyringError, MalformedKeys, MismatchError, ParameterError
 from veil.he.galois import GaloisSet, galois_element, galois_groups, normalize_steps
 from veil.he.params import CkksParameters
+from veil.he.passphrase import SCRYPT, check_passphrase, fernet, scrypt_settings
 from veil.he.serialize import (
+    Buffer,
     check_fields,
     ciphertexts_to_bytes,
     pack,
+    pack_parts,
     seal_from_bytes,
     seal_to_bytes,
     split_sections,
@@ -51,10 +53,6 @@ FORMAT_VERSION = 1  # the keyring file
 # evaluation keys: 1 = one Galois section; 2 = Galois keys in groups (one SEAL object each), ``galois_groups``
 EVALUATION_KEYS_VERSION = 2
 EVALUATION_KEYS_VERSIONS = (1, EVALUATION_KEYS_VERSION)
-_SCRYPT = {"n": 2**17, "r": 8, "p": 1}  # 128 MiB, ~0.5 s per derivation (current guidance: n >= 2^17)
-# What a keyring file may ask scrypt for: n a power of two up to 2^20, 128·n·r bytes of memory up to 1 GiB.
-_SCRYPT_MAX = {"n": 2**20, "r": 32, "p": 16}
-_SCRYPT_MAX_MEMORY = 2**30
 _EVK_FIELDS = ("galois_steps", "lengths", "params", "params_hash", "sections")
 _EVK_FIELDS_V2 = (*_EVK_FIELDS, "galois_groups")
 
@@ -70,12 +68,16 @@ class EvaluationKeys:
         galois_steps: the rotation steps the Galois keys cover (sorted).
     """
 
-    def __init__(self, params: CkksParameters, relin_bytes: bytes,
-                 galois_parts: Sequence[tuple[Sequence[int], bytes]], galois_steps: Sequence[int]) -> None:
+    def __init__(self, params: CkksParameters, relin_bytes: Buffer,
+                 galois_parts: Sequence[tuple[Sequence[int], Buffer]], galois_steps: Sequence[int]) -> None:
         self.params = params
         self.galois_steps = normalize_steps(params, galois_steps)
-        self._relin_bytes = relin_bytes
-        self._galois_parts = [(normalize_steps(params, steps), blob) for steps, blob in galois_parts]
+        self._relin_bytes: Buffer | None = relin_bytes
+        self._galois_parts: list[tuple[list[int], Buffer | None]] = [
+            (normalize_steps(params, steps), blob) for steps, blob in galois_parts]
+        self._source: Path | None = None  # the file the bytes are read back from once released
+        self._key_id: str | None = None
+        self._size: int | None = None
         ctx = params.seal_context()
         self.relin = self._load(sa.RelinKeys(), ctx, relin_bytes, "relin")
         if self.relin.size() != 1 or not self.relin.has_key(2):
@@ -113,12 +115,52 @@ class EvaluationKeys:
     def to_bytes(self) -> bytes:
         """The versioned container: magic, version 2, params JSON, steps, their groups, SHA-256, seeded SEAL
         sections (relin, then one per Galois group)."""
+        return b"".join(self.to_parts())
+
+    def to_parts(self) -> list[Buffer]:
+        """:meth:`to_bytes` in pieces, none copied (hash or write a key set of hundreds of MiB without joining it).
+        Keys whose bytes were released (:meth:`release_bytes`) read them back from their file.
+
+        Raises:
+            MalformedKeys: the released keys' file is gone or no longer holds these keys.
+        """
+        if self._source is not None:
+            try:
+                data = self._source.read_bytes()
+            except OSError as exc:
+                raise MalformedKeys(f"evaluation_keys: the file {self._source.name} these keys were read from is "
+                                    f"gone ({type(exc).__name__})") from None
+            if hashlib.sha256(data).hexdigest() != self.key_id:
+                raise MalformedKeys(f"evaluation_keys: the file {self._source.name} no longer holds the keys "
+                                    f"{self.key_id}")
+            return [data]
         sections = [self._relin_bytes] + [blob for _, blob in self._galois_parts]
         header = {"params": self.params.to_dict(), "params_hash": self.params.hash(),
                   "galois_steps": list(self.galois_steps), "sections": ["relin"] + ["galois"] * len(self._galois_parts),
                   "galois_groups": [list(steps) for steps, _ in self._galois_parts],
                   "lengths": [len(s) for s in sections]}
-        return pack(EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION, header, b"".join(sections))
+        return pack_parts(EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSION, header, sections)
+
+    def release_bytes(self, source: Path) -> None:
+        """Drop the seeded bytes kept beside the parsed SEAL keys (half their size again); :meth:`to_bytes` reads
+        them back from ``source``, a file holding exactly :meth:`to_bytes` (the key store's copy)."""
+        if self._source is None:
+            self._key_id, self._size = self.key_id, self.size_bytes  # computed while the bytes are here
+            self._source = Path(source)
+            self._relin_bytes = None
+            self._galois_parts = [(steps, None) for steps, _ in self._galois_parts]
+
+    @property
+    def source(self) -> Path | None:
+        """The file the released bytes are read back from (None while they are held in memory)."""
+        return self._source
+
+    @classmethod
+    def from_file(cls, path: Path) -> EvaluationKeys:
+        """:meth:`from_bytes` of a file, holding only the parsed keys (their bytes stay in the file)."""
+        keys = cls.from_bytes(Path(path).read_bytes())
+        keys.release_bytes(path)
+        return keys
 
     @classmethod
     def from_bytes(cls, data: bytes) -> EvaluationKeys:
@@ -129,7 +171,7 @@ class EvaluationKeys:
             SecurityError, ParameterError: the stated parameters are refused.
         """
         version, header, payload = unpack(data, EVALUATION_KEYS_MAGIC, EVALUATION_KEYS_VERSIONS, MalformedKeys,
-                                          "evaluation_keys")
+                                          "evaluation_keys", as_view=True)  # sections stay views into ``data``
         # nothing unparsed is ever stored
         check_fields(header, _EVK_FIELDS if version == 1 else _EVK_FIELDS_V2, MalformedKeys, "evaluation_keys")
         sections = header["sections"]
@@ -161,12 +203,19 @@ class EvaluationKeys:
     @property
     def size_bytes(self) -> int:
         """Bytes of :meth:`to_bytes` (what the client uploads once)."""
-        return len(self.to_bytes())
+        if self._size is None:
+            self._size = sum(len(p) for p in self.to_parts())
+        return self._size
 
     @property
     def key_id(self) -> str:
         """SHA-256 hex of :meth:`to_bytes`: the id the key store registers these keys under."""
-        return hashlib.sha256(self.to_bytes()).hexdigest()
+        if self._key_id is None:
+            digest = hashlib.sha256()
+            for part in self.to_parts():
+                digest.update(part)
+            self._key_id = digest.hexdigest()
+        return self._key_id
 
 
 class SecretKeyring:
@@ -269,7 +318,7 @@ class SecretKeyring:
         Raises:
             KeyringError: an empty passphrase (pass None to store the key in the clear, knowingly).
         """
-        _check_passphrase(passphrase, "save")
+        check_passphrase(passphrase, "save")
         if passphrase is None:
             warnings.warn(f"keyring {os.fspath(path)}: saved without a passphrase, so the secret key is on disk in the "
                           "clear (mode 0600); pass a passphrase (veil he keygen --passphrase-env VAR) to encrypt it",
@@ -279,8 +328,8 @@ class SecretKeyring:
                                   "protection": "none"}
         if passphrase is not None:
             salt = os.urandom(16)
-            secret = _fernet(passphrase, salt, _SCRYPT).encrypt(secret)
-            header.update(protection="fernet-scrypt", salt=salt.hex(), scrypt=_SCRYPT)
+            secret = fernet(passphrase, salt, SCRYPT).encrypt(secret)
+            header.update(protection="fernet-scrypt", salt=salt.hex(), scrypt=SCRYPT)
         write_atomic(path, pack(KEYRING_MAGIC, FORMAT_VERSION, header, secret), mode=0o600)  # never readable by others
 
     @classmethod
@@ -291,22 +340,22 @@ class SecretKeyring:
             KeyringError: malformed file (its parameters or galois_steps included), scrypt settings out of bounds,
                 missing, empty or wrong passphrase.
         """
-        _check_passphrase(passphrase, "load")
+        check_passphrase(passphrase, "load")
         _, header, secret = unpack(Path(path).read_bytes(), KEYRING_MAGIC, (FORMAT_VERSION,), KeyringError, "keyring")
         if header.get("protection") == "fernet-scrypt":
             if passphrase is None:
                 raise KeyringError(f"keyring {path}: expected a passphrase (the secret key is encrypted), received none")
             from cryptography.fernet import InvalidToken
 
-            scrypt = _scrypt_settings(header.get("scrypt"), path)
+            scrypt = scrypt_settings(header.get("scrypt"), path)
             try:
                 salt = bytes.fromhex(header["salt"])
             except (KeyError, TypeError, ValueError):
                 raise KeyringError(f"keyring {path}: salt expected hex bytes, received "
                                    f"{str(header.get('salt'))[:40]!r}") from None
-            fernet = _fernet(passphrase, salt, scrypt)
+            cipher = fernet(passphrase, salt, scrypt)
             try:
-                secret = fernet.decrypt(secret)
+                secret = cipher.decrypt(secret)
             except InvalidToken:
                 raise KeyringError(f"keyring {path}: wrong passphrase") from None
         elif header.get("protection") != "none":
@@ -332,37 +381,3 @@ def _parameters(data: Any, error: type[HEError], what: str) -> CkksParameters:
     if not isinstance(data, dict) or not isinstance(data.get("coeff_mod_bit_sizes"), list):
         raise error(f"{what}: expected a JSON object with a list coeff_mod_bit_sizes, received {str(data)[:120]}")
     return CkksParameters.from_dict(data)
-
-
-def _check_passphrase(passphrase: str | None, verb: str) -> None:
-    if passphrase is not None and (not isinstance(passphrase, str) or not passphrase):
-        raise KeyringError(f"keyring {verb}: passphrase expected a non-empty string (or None to keep the secret key "
-                           f"in the clear), received {'an empty string' if passphrase == '' else type(passphrase).__name__}")
-
-
-def _scrypt_settings(scrypt: Any, path: str | os.PathLike[str]) -> dict[str, int]:
-    """scrypt settings read from a keyring file, bounded so a crafted file cannot exhaust time or memory."""
-    if not isinstance(scrypt, dict) or set(scrypt) != set(_SCRYPT):
-        raise KeyringError(f"keyring {path}: scrypt expected the fields {sorted(_SCRYPT)}, received {str(scrypt)[:80]}")
-    for name, most in _SCRYPT_MAX.items():
-        value = scrypt[name]
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-            raise KeyringError(f"keyring {path}: scrypt.{name} expected an int in 1..{most}, received {str(value)[:40]}")
-    n, r = scrypt["n"], scrypt["r"]
-    if n < 2 or n & (n - 1):
-        raise KeyringError(f"keyring {path}: scrypt.n expected a power of two >= 2, received {n}")
-    if 128 * n * r > _SCRYPT_MAX_MEMORY:
-        raise KeyringError(f"keyring {path}: scrypt expected 128·n·r <= {_SCRYPT_MAX_MEMORY} bytes of memory, "
-                           f"received n={n}, r={r} ({128 * n * r} bytes)")
-    return dict(scrypt)
-
-
-def _fernet(passphrase: str, salt: bytes, scrypt: dict[str, int]) -> Any:
-    """Fernet keyed by scrypt(passphrase); needs the ``cryptography`` package."""
-    try:
-        from cryptography.fernet import Fernet
-        from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
-    except ImportError:
-        raise KeyringError("passphrase protection needs the `cryptography` package: pip install cryptography") from None
-    key = Scrypt(salt=salt, length=32, n=scrypt["n"], r=scrypt["r"], p=scrypt["p"]).derive(passphrase.encode())
-    return Fernet(base64.urlsafe_b64encode(key))

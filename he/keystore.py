@@ -200,8 +200,8 @@ class KeyStore:
             raise QuotaExceeded(f"register: expected at most {self.quota_bytes} bytes (--he-key-quota-mb), "
                                 f"received {len(data)}")
         keys = EvaluationKeys.from_bytes(data)
-        canonical = keys.to_bytes()  # only the parsed fields: nothing else a client sent is stored
-        key_id = hashlib.sha256(canonical).hexdigest()
+        # only the parsed fields are stored, nothing else a client sent; written in pieces, never joined in memory
+        canonical, key_id, size = keys.to_parts(), keys.key_id, keys.size_bytes
         with self._lock:
             self.purge_expired()
             path, now = self._path(key_id), self._clock()
@@ -211,7 +211,7 @@ class KeyStore:
             else:
                 if owned:  # deleted, evicted or expired recently: its owner's to register again, nobody else's
                     self._authorize(key_id, key_secret)
-                self._make_room(source, len(canonical))
+                self._make_room(source, size)
                 if not owned:
                     secret = secrets.token_urlsafe(32)
                     write_atomic(path.with_suffix(_OWNER), json.dumps({"secret_sha256": _digest(secret),
@@ -219,9 +219,10 @@ class KeyStore:
                 write_atomic(path, canonical, mode=0o600)
             os.utime(path, (now, now))
             self._used[key_id] = now
+            keys.release_bytes(path)  # held parsed only: the seeded bytes stay in the file
             self._remember(key_id, keys)
-        log.info("he keystore: %s key %s (%d bytes)", "registered" if secret else "renewed", key_id, len(canonical))
-        return Registration(key_id, secret, len(canonical))
+        log.info("he keystore: %s key %s (%d bytes)", "registered" if secret else "renewed", key_id, size)
+        return Registration(key_id, secret, size)
 
     def _make_room(self, source: str, size: int) -> None:
         """Refuse a source at its bound (several owners may share one address: evicting the source's oldest key
@@ -286,6 +287,7 @@ class KeyStore:
                 self._forget(path)
                 raise MalformedKeys(f"key_id: the stored keys under {key_id} are corrupted and were deleted")
             keys = EvaluationKeys.from_bytes(data)
+            keys.release_bytes(path)
             self._remember(key_id, keys)
             return keys
 

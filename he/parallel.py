@@ -114,7 +114,8 @@ class ParallelEvaluator(PlanEvaluator):
         if token in worker.keys:
             worker.keys.move_to_end(token)
             return
-        worker.send(("keys", token, keys.to_bytes()))
+        # keys the key store holds parsed only are read by the worker from their file, never sent down the pipe
+        worker.send(("keys", token, str(keys.source) if keys.source is not None else keys.to_bytes()))
         worker.receive()
         worker.keys[token] = None
         while len(worker.keys) > self.pool.key_sets:

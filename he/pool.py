@@ -1,6 +1,7 @@
 """Forked worker processes shared by :class:`~veil.he.parallel.ParallelEvaluator` s: processes, pipes, key sets.
 
-Keys: a worker receives a key set's bytes (``EvaluationKeys.to_bytes()``) the first time it meets it and keeps
+Keys: a worker receives a key set's bytes (``EvaluationKeys.to_bytes()``), or the key store's file of keys held
+parsed only (``EvaluationKeys.source``, read by the worker), the first time it meets it and keeps
 the last :attr:`ForkedPool.key_sets` parsed: :data:`KEY_SETS`, or as many as the pool's evaluators have parameter
 sets, so a deep model's request never evicts a key set it needs again (a ResNet-20's three sets through a two-set
 LRU re-sent its 1 GB N = 32768 set every request: +17 s). Input and partial ciphertexts travel serialized through a
@@ -24,6 +25,7 @@ import multiprocessing
 import os
 import threading
 from collections import OrderedDict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tenseal.sealapi as sa
@@ -152,7 +154,9 @@ def _worker_main(pool: ForkedPool, conn: Any, parent_end: Any) -> None:
         try:
             kind, token = message[0], message[1]
             if kind == "keys":
-                keys[token] = EvaluationKeys.from_bytes(message[2])
+                blob = message[2]  # the key store's file, or the bytes of keys held in memory
+                keys[token] = EvaluationKeys.from_file(Path(blob)) if isinstance(blob, str) else \
+                    EvaluationKeys.from_bytes(blob)
                 while len(keys) > pool.key_sets:
                     keys.popitem(last=False)
                 conn.send(("ok", None))

@@ -84,7 +84,7 @@ def seal_to_bytes(obj: Savable, *, secret: bool = False) -> bytes:
         return os.pread(fd, size, 0)
 
 
-def seal_from_bytes(obj: Any, context: sa.SEALContext, data: bytes, *, secret: bool = False) -> Any:
+def seal_from_bytes(obj: Any, context: sa.SEALContext, data: bytes | memoryview, *, secret: bool = False) -> Any:
     """Load ``data`` into the empty SEAL object ``obj`` (SEAL checks validity for ``context``); return it.
 
     SEAL's own header must state exactly ``len(data)`` bytes: SEAL ignores trailing bytes, and a veil
@@ -94,7 +94,7 @@ def seal_from_bytes(obj: Any, context: sa.SEALContext, data: bytes, *, secret: b
         ValueError: the bytes do not start with a SEAL header stating their length (SEAL raises
             RuntimeError/ValueError subclasses for the rest).
     """
-    data = bytes(data)
+    data = memoryview(data).cast("B")  # a view: a section of a large upload is never copied here
     if len(data) < _SEAL_HEADER.size:
         raise ValueError(f"expected a SEAL object of at least {_SEAL_HEADER.size} bytes, received {len(data)}")
     magic, _, _, _, _, _, size = _SEAL_HEADER.unpack_from(data)
@@ -105,7 +105,7 @@ def seal_from_bytes(obj: Any, context: sa.SEALContext, data: bytes, *, secret: b
         if fd is None:
             Path(path).write_bytes(data)
         else:
-            view = memoryview(data)
+            view = data
             while view:
                 view = view[os.write(fd, view):]
         obj.load(context, path)

@@ -23,6 +23,8 @@ from veil.he.errors import HEError, MalformedCiphertext, TooManyCiphertexts
 from veil.he.params import CkksParameters
 from veil.he.sealbytes import Savable, seal_from_bytes, seal_to_bytes  # seal_*: importable from here too
 
+Buffer = bytes | bytearray | memoryview  # what a container is read from or written as
+
 _PREFIX = struct.Struct(">8sHI32s")
 CIPHERTEXTS_MAGIC = b"VEILCTS\x00"
 CIPHERTEXTS_VERSION = 1
@@ -30,14 +32,24 @@ CIPHERTEXTS_VERSION = 1
 
 def pack(magic: bytes, version: int, header: dict[str, Any], payload: bytes = b"") -> bytes:
     """Build a container: prefix, canonical JSON header, payload."""
+    return b"".join(pack_parts(magic, version, header, [payload]))
+
+
+def pack_parts(magic: bytes, version: int, header: dict[str, Any], payload: Sequence[Buffer]) -> list[Buffer]:
+    """:func:`pack`'s container as its pieces (prefix and header, then the payload's parts, none copied): what
+    a large container (a key set of hundreds of MiB) is hashed and written from without ever being joined."""
     head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    digest = hashlib.sha256(head + payload).digest()
-    return _PREFIX.pack(magic, version, len(head), digest) + head + payload
+    digest = hashlib.sha256(head)
+    for part in payload:
+        digest.update(part)
+    return [_PREFIX.pack(magic, version, len(head), digest.digest()) + head, *payload]
 
 
-def unpack(data: bytes, magic: bytes, versions: Sequence[int], error: type[HEError],
-           what: str) -> tuple[int, dict[str, Any], bytes]:
+def unpack(data: Buffer, magic: bytes, versions: Sequence[int], error: type[HEError],
+           what: str, *, as_view: bool = False) -> tuple[int, dict[str, Any], Buffer]:
     """Parse and verify a container; return ``(version, header, payload)``.
+
+    With ``as_view``, the payload is a memoryview into ``data`` (no copy: a key set's sections stay in the upload).
 
     Raises:
         error: naming the field (magic, version, length, checksum, header) that is wrong.
@@ -65,7 +77,7 @@ def unpack(data: bytes, magic: bytes, versions: Sequence[int], error: type[HEErr
                     f"({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(header, dict):
         raise error(f"{what}.header: expected a JSON object, received {type(header).__name__}")
-    return version, header, bytes(body[head_len:])
+    return version, header, body[head_len:] if as_view else bytes(body[head_len:])
 
 
 def check_fields(header: dict[str, Any], allowed: Sequence[str], error: type[HEError], what: str) -> None:
@@ -76,8 +88,9 @@ def check_fields(header: dict[str, Any], allowed: Sequence[str], error: type[HEE
                     f"{[str(k)[:40] for k in unknown[:8]]} and missing fields {missing}")
 
 
-def split_sections(payload: bytes, lengths: Any, error: type[HEError], what: str) -> list[bytes]:
-    """Cut ``payload`` into consecutive sections of the given lengths (which must cover it exactly)."""
+def split_sections(payload: Buffer, lengths: Any, error: type[HEError], what: str) -> list[Buffer]:
+    """Cut ``payload`` into consecutive sections of the given lengths (which must cover it exactly; views of a
+    memoryview, copies of bytes)."""
     if not isinstance(lengths, list) or not all(isinstance(n, int) and n >= 0 for n in lengths):
         raise error(f"{what}.lengths: expected a list of non-negative ints, received {lengths!r}")
     if sum(lengths) != len(payload):

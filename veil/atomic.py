@@ -16,7 +16,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 STALE_AFTER_S = 3600.0  # a temporary older than this is stale even if a process with its writer's pid still runs
@@ -107,8 +107,11 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes | str, mode: int | None = None) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes | str | Sequence[bytes | memoryview],
+                 mode: int | None = None) -> None:
     """Write a file so that readers see the old content or the whole new one, never a half.
+
+    ``data`` may be a list of parts, written one after the other (a large artifact is never joined in memory).
 
     The file is created with ``mode`` (default ``0o666`` less the user's umask, as ``open`` does; pass ``0o600``
     for secrets), written and fsynced under a pid-stamped hidden name and renamed over ``path`` in one step.
@@ -124,7 +127,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, mode: int | No
         with os.fdopen(fd, "wb") as fh:
             if mode is not None:
                 os.fchmod(fh.fileno(), mode)  # exactly ``mode``, whatever the umask
-            fh.write(data.encode() if isinstance(data, str) else data)
+            for part in [data] if isinstance(data, (bytes, bytearray, memoryview, str)) else data:
+                fh.write(part.encode() if isinstance(part, str) else part)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -265,3 +265,42 @@ def test_only_the_parsed_bundle_is_stored(tmp_path: Path, rings: list[SecretKeyr
     assert reg.key_id == keys.key_id
     assert (tmp_path / "keys" / f"{reg.key_id}.evk").read_bytes() == keys.to_bytes()
     assert store.usage()["keys"] == 1
+
+
+def test_held_keys_keep_no_seeded_bytes_and_read_them_back_from_their_file(tmp_path: Path,
+                                                                          key_bytes: list[bytes]) -> None:
+    # the ResNet-20's server held its 854 MiB of seeded keys beside the parsed ones (2x that): issue 35's 8 GiB
+    store = _store(tmp_path, memory_items=1)
+    reg = store.register(key_bytes[0])
+    path = tmp_path / "keys" / f"{reg.key_id}.evk"
+    keys = store.get(reg.key_id, reg.key_secret)
+    assert keys.source == path and keys._relin_bytes is None
+    assert all(blob is None for _, blob in keys._galois_parts)
+    assert keys.key_id == reg.key_id and keys.size_bytes == len(key_bytes[0])
+    assert keys.to_bytes() == key_bytes[0]  # read back from the file
+    other = store.register(key_bytes[1])
+    reloaded = store.get(reg.key_id, reg.key_secret)  # memory_items=1: parsed again from the file, released again
+    assert reloaded is not keys and reloaded.source == path and reloaded._relin_bytes is None
+    assert reloaded.to_bytes() == key_bytes[0]
+    store.delete(other.key_id, other.key_secret)
+    path.write_bytes(key_bytes[1])  # the file no longer holds these keys
+    with pytest.raises(MalformedKeys, match="no longer holds"):
+        reloaded.to_bytes()
+    path.unlink()
+    with pytest.raises(MalformedKeys, match="is gone"):
+        reloaded.to_bytes()
+
+
+def test_registration_makes_no_python_copy_of_the_bundle(tmp_path: Path, key_bytes: list[bytes]) -> None:
+    # registration held the upload, its payload, its sections and two joins of the canonical bundle at once (~5x)
+    import tracemalloc
+
+    store = _store(tmp_path)
+    data = key_bytes[0]
+    tracemalloc.start()
+    try:
+        store.register(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.25 * len(data), (peak, len(data))

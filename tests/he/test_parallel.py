@@ -186,3 +186,22 @@ def test_a_pool_keeps_one_parsed_key_set_per_parameter_set_of_its_rounds() -> No
     for params_hash in ("stem", "body", "body", "body", "head"):
         pool.add(evaluator(params_hash))
     assert pool.key_sets == 3 and len(pool.evaluators) == 5 and pool.workers == []
+
+
+def test_workers_read_key_store_keys_from_their_file(conv, tmp_path) -> None:
+    # keys the key store holds parsed only (no seeded bytes in memory) reach a worker as their file's path
+    from veil.he.keystore import KeyStore
+
+    plan, params, ring, keys, x, _ = conv
+    store = KeyStore(tmp_path / "keys", quota_bytes=10**9, ttl_seconds=3600.0)
+    reg = store.register(keys.to_bytes())
+    held = store.get(reg.key_id, reg.key_secret)
+    assert held.source is not None and held._relin_bytes is None
+    cts = ring.encrypt(plan.encode_inputs(x))
+    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
+    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
+    try:
+        np.testing.assert_allclose(_decrypted(parallel, plan, ring, held, x, cts), serial, atol=1e-4, rtol=0)
+        assert parallel.failures == 0 and all(len(w.keys) == 1 for w in parallel.workers)  # the worker loaded them
+    finally:
+        parallel.close()
