@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 BASE_KEY = "veil_base"  # safetensors metadata: the class of the base the adapter was saved over (peft ignores it)
+# Dicts whose key order is kept in adapter_config.json (every other dict's keys are sorted): the first matching pattern
+# wins, so sorting them can change a module's rank or alpha. PEFT keeps them in order since 0.22
+# (``CONFIG_KEYS_WITH_PRESERVED_ORDER``); PEFT 0.21 and earlier sorted them, as veil did.
+ORDERED_KEYS = ("rank_pattern", "alpha_pattern")
 
 
 def save_adapter(model: AdapterModel, out_dir: str | Path) -> Path:
@@ -54,8 +58,17 @@ def write_files(folder: Path, config: dict[str, Any], state: dict[str, torch.Ten
     if not tensors:
         raise ValueError("save_pretrained: expected adapter tensors, received none (nothing to save)")
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
+    (folder / CONFIG_NAME).write_text(json.dumps(_sorted_keys(config), indent=2))
     save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt", **({BASE_KEY: base} if base else {})})
+
+
+def _sorted_keys(obj: Any) -> Any:
+    """``obj`` with every dict's keys sorted (``json.dumps(sort_keys=True)``) but those under :data:`ORDERED_KEYS`."""
+    if isinstance(obj, dict):
+        return {k: v if k in ORDERED_KEYS else _sorted_keys(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, (list, tuple)):
+        return [_sorted_keys(v) for v in obj]
+    return obj
 
 
 def read_config(path: str | Path):
@@ -64,6 +77,8 @@ def read_config(path: str | Path):
     if not (path / CONFIG_NAME).is_file():
         raise FileNotFoundError(f"adapter {str(path)!r}: expected {CONFIG_NAME}, not found")
     data = json.loads((path / CONFIG_NAME).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{CONFIG_NAME}: expected a JSON object, received {type(data).__name__}")
     peft_type = data.get("peft_type")
     for entry in METHODS.values():
         if entry.config_cls.peft_type == peft_type:

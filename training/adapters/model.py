@@ -18,7 +18,7 @@ from torch import nn
 
 from .config import AdapterConfig
 from .layer import AdapterLayer, Conv1D
-from .targeting import SEQ_CLS_HEAD_NAMES, find_targets
+from .targeting import PEFT_HEAD_TASK_TYPES, PEFT_TASK_HEAD_NAMES, SEQ_CLS_HEAD_NAMES, find_targets
 
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix (PeftModel.base_model.model.<module path>)
 
@@ -161,14 +161,17 @@ def with_layout(model: nn.Module, targets: list[str], config: AdapterConfig) -> 
 def find_modules_to_save(model: nn.Module, config: AdapterConfig) -> dict[str, nn.Module]:
     """Module path -> module for each ``modules_to_save`` entry (exact name or ``.name`` suffix).
 
+    A head name PEFT adds by itself for ``SEQ_CLS`` / ``TOKEN_CLS`` (``classifier``, ``score``, since PEFT 0.22 also
+    ``pre_classifier``) may match nothing: PEFT writes every candidate, a model has some of them.
+
     Raises:
-        ValueError: an entry matches no module.
+        ValueError: an entry matches no module (other than such a head name).
     """
     found = {n: m for n, m in model.named_modules() if n and any(n == e or n.endswith(f".{e}")
                                                                   for e in config.modules_to_save or ())}
     for entry in config.modules_to_save or ():
-        if config.task_type == "SEQ_CLS" and entry in SEQ_CLS_HEAD_NAMES:
-            continue  # PEFT lists both head names for SEQ_CLS; a model has one of them
+        if config.task_type in PEFT_HEAD_TASK_TYPES and entry in PEFT_TASK_HEAD_NAMES:
+            continue  # PEFT lists every candidate head for these task types; a model has some of them
         if not any(n == entry or n.endswith(f".{entry}") for n in found):
             raise ValueError(f"modules_to_save: expected module names in the model, received {entry!r} which matches none")
     return found

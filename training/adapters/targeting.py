@@ -16,6 +16,11 @@ from .config import ALL_LINEAR, AdapterConfig
 from .layer import LINEAR_TYPES
 
 SEQ_CLS_HEAD_NAMES = ("score", "classifier")  # PEFT's constant: heads all-linear leaves out for SEQ_CLS
+# The heads PEFT adds to ``modules_to_save`` by itself for these task types (``PeftModelForSequenceClassification``,
+# ``...ForTokenClassification``): every candidate name, whether the model has it or not. PEFT 0.22 added DistilBERT's
+# ``pre_classifier`` (its ``CLASSIFIER_MODULE_NAMES``); before that the list was ``classifier``, ``score``.
+PEFT_TASK_HEAD_NAMES = ("classifier", "score", "pre_classifier")
+PEFT_HEAD_TASK_TYPES = ("SEQ_CLS", "TOKEN_CLS")
 
 
 def _matches(spec: list[str] | str, name: str) -> bool:

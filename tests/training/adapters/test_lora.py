@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import peft
 import pytest
 import torch
 from safetensors.torch import load_file
 from veil.training.adapters import AdapterModel, LoraConfig, inject
+from veil.training.adapters.lora.config import PEFT_LORA_NEWER
+
+from veil.config import ConfigError
 
 CASES = [
     {"target_modules": ["query", "value"]},
@@ -82,7 +86,67 @@ def test_saved_files_match_peft_keys_and_config(bert_factory, tmp_path) -> None:
     for key in ("peft_version", "auto_mapping"):  # PEFT's bookkeeping; veil writes neither
         theirs.pop(key)
     theirs["target_modules"] = sorted(theirs["target_modules"])
+    for key in set(theirs) - set(ours):  # a newer PEFT's fields (0.22: astra_config) veil reads but does not write
+        assert theirs.pop(key) == PEFT_LORA_NEWER[key]  # at the default a PEFT fills in when the key is absent
     assert ours == theirs
+
+
+def _veil_checkpoint(bert_factory, randomize_trainable, path, kw: dict, **edits) -> dict:
+    """Save a randomized veil adapter at ``path`` and rewrite its config with ``edits``; returns the config."""
+    model = inject(bert_factory(), veil_config(kw))
+    randomize_trainable(model)
+    model.save_pretrained(path)
+    data = {**json.loads((path / "adapter_config.json").read_text()), **edits}
+    (path / "adapter_config.json").write_text(json.dumps(data))
+    return data
+
+
+def test_loads_a_peft_0_22_config_with_either_peft(bert_factory, tokens, randomize_trainable, tmp_path) -> None:
+    # What PEFT 0.22 writes for a SEQ_CLS LoRA, built by hand so it runs with any installed PEFT: the new
+    # astra_config key, and every candidate head in modules_to_save ("pre_classifier" is DistilBERT's, not BERT's).
+    kw = CASES[3]
+    _veil_checkpoint(bert_factory, randomize_trainable, tmp_path / "a", kw, astra_config=None, peft_version="0.22.0",
+                     modules_to_save=["classifier", "score", "pre_classifier"])
+    ours = inject(bert_factory(), veil_config(kw))
+    randomize_trainable(ours)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = AdapterModel.from_pretrained(bert_factory(), tmp_path / "a")
+    assert not [w for w in caught if "unknown keys" in str(w.message)]  # astra_config is known, not dropped
+    assert set(loaded.saved_modules) == {"classifier"}
+    with torch.no_grad():
+        assert torch.equal(loaded(**tokens).logits, ours(**tokens).logits)
+
+
+def test_unknown_config_keys_are_ignored_and_malformed_ones_named(bert_factory, randomize_trainable, tmp_path) -> None:
+    kw = CASES[1]
+    _veil_checkpoint(bert_factory, randomize_trainable, tmp_path / "new", kw, some_future_peft_field=None)
+    with pytest.warns(UserWarning, match=r"ignoring unknown keys \['some_future_peft_field'\]"):
+        AdapterModel.from_pretrained(bert_factory(), tmp_path / "new")
+    _veil_checkpoint(bert_factory, randomize_trainable, tmp_path / "bad", kw, modules_to_save="classifier")
+    with pytest.raises(ConfigError, match=r"LoraConfig\.modules_to_save: expected a list"):
+        AdapterModel.from_pretrained(bert_factory(), tmp_path / "bad")
+    # a head name is only tolerated missing where PEFT adds it itself (task_type SEQ_CLS / TOKEN_CLS)
+    _veil_checkpoint(bert_factory, randomize_trainable, tmp_path / "head", kw,
+                     modules_to_save=["classifier", "pre_classifier"])
+    with pytest.raises(ValueError, match=r"modules_to_save: .* 'pre_classifier' which matches none"):
+        AdapterModel.from_pretrained(bert_factory(), tmp_path / "head")
+    (tmp_path / "head" / "adapter_config.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"adapter_config\.json: expected a JSON object, received list"):
+        AdapterModel.from_pretrained(bert_factory(), tmp_path / "head")
+
+
+def test_rank_pattern_order_survives_a_round_trip(bert_factory, tokens, randomize_trainable, tmp_path) -> None:
+    # The first matching pattern wins (PEFT's get_pattern_key): layer 1's query matches both keys and gets rank 2
+    # from the first; sorted keys would give it 3. PEFT keeps these dicts in order since 0.22, and so does veil.
+    kw = {"target_modules": ["query"], "rank_pattern": {"query": 2, r"layer\.1\..*query": 3}}
+    ours = inject(bert_factory(), veil_config(kw))
+    randomize_trainable(ours)
+    ours.save_pretrained(tmp_path / "a")
+    loaded = AdapterModel.from_pretrained(bert_factory(), tmp_path / "a")
+    assert list(loaded.config.rank_pattern) == list(kw["rank_pattern"])
+    with torch.no_grad():
+        assert torch.equal(loaded(**tokens).logits, ours(**tokens).logits)
 
 
 def test_merge_unmerge_and_unload_are_exact(bert_factory, tokens, randomize_trainable) -> None:

@@ -20,9 +20,17 @@ PEFT_LORA_DEFAULTS: dict[str, Any] = {
     "target_parameters": None, "trainable_token_indices": None, "use_bdlora": None, "use_dora": False,
     "use_qalora": False, "velora_config": None,
 }
-# Of those, the ones that do not change the adapted function (initialisation, bookkeeping, training-only).
+# Fields newer PEFT versions write that veil reads but does not write: a PEFT that knows them fills in these defaults
+# when they are absent, and an older one would warn about them ("saved using a higher version"), so veil writes the
+# 0.21 set above. On load they are checked as the fields above are, not dropped as unknown keys.
+PEFT_LORA_NEWER: dict[str, Any] = {
+    "astra_config": None,  # PEFT 0.22: the sub-config of init_lora_weights="astra"
+}
+# Of the fields of both tables, the ones that do not change the adapted function (initialisation, bookkeeping,
+# training-only).
 PEFT_LORA_HARMLESS = {"inference_mode", "init_lora_weights", "revision", "megatron_core", "qalora_group_size",
-                      "loftq_config", "eva_config", "corda_config", "lora_ga_config", "ensure_weight_tying"}
+                      "loftq_config", "eva_config", "corda_config", "lora_ga_config", "ensure_weight_tying",
+                      "astra_config"}
 
 
 def _number(x: float) -> int | float:
@@ -78,9 +86,11 @@ class LoraConfig(AdapterConfig):
 
     @classmethod
     def from_peft_dict(cls, data: dict[str, Any]) -> LoraConfig:
-        """Build from a PEFT ``adapter_config.json``; a non-default value veil cannot honour is an error."""
-        for key, default in PEFT_LORA_DEFAULTS.items():
+        """Build from a PEFT ``adapter_config.json``; a non-default value veil cannot honour is an error. A key neither
+        table lists (a PEFT newer than veil knows) is ignored with a warning, as PEFT ignores keys a newer PEFT wrote."""
+        peft_fields = {**PEFT_LORA_DEFAULTS, **PEFT_LORA_NEWER}
+        for key, default in peft_fields.items():
             if key not in PEFT_LORA_HARMLESS and data.get(key, default) != default:
                 raise ValueError(f"adapter_config.json: {key}: veil supports {default!r}, received {data[key]!r}")
-        known = {*PEFT_LORA_DEFAULTS, "peft_type", "peft_version", "auto_mapping"}
+        known = {*peft_fields, "peft_type", "peft_version", "auto_mapping"}
         return cls.from_dict({k: v for k, v in data.items() if k not in known})
