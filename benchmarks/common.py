@@ -11,6 +11,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -47,6 +48,15 @@ def _peak_rss_gb(pid: int) -> float | None:
         return None
 
 
+def _pss_gb(pid: int) -> float:
+    """A live process's proportional set size (Pss, /proc/<pid>/smaps_rollup), GB: pages shared with other processes
+    count as their share, so the Pss of a server and its forked workers add up to their memory, counted once."""
+    try:
+        return int(re.search(r"^Pss:\s+(\d+) kB", Path(f"/proc/{pid}/smaps_rollup").read_text(), re.M).group(1)) / 1e6
+    except (OSError, AttributeError):
+        return 0.0
+
+
 def _descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (Linux /proc/<pid>/task/<tid>/children)."""
     found, stack = [], [pid]
@@ -64,7 +74,8 @@ class ServeProcess:
 
     ``with ServeProcess(repo, ["--he-encoded-mb", "512"]) as url: ...``; ``peak_rss_gb`` (VmHWM) is read
     before the server is stopped, and ``worker_peak_rss_gb`` the same of each process it forked (``--he-processes``:
-    pages shared copy-on-write with the server count in both)."""
+    pages shared copy-on-write with the server count in both); ``peak_total_pss_gb`` is the largest sum of the Pss of
+    the server and every process it forked, sampled every ``sample_s`` seconds (shared pages counted once)."""
 
     def __init__(self, repo: Path, flags: list[str] | None = None, timeout_s: float = 900.0) -> None:
         with socket.socket() as s:
@@ -74,6 +85,12 @@ class ServeProcess:
                         *(flags or [])]
         self.timeout_s, self.peak_rss_gb, self.process = timeout_s, None, None
         self.worker_peak_rss_gb: list[float] = []
+        self.peak_total_pss_gb, self.sample_s, self._stop = 0.0, 1.0, threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.sample_s):
+            pids = [self.process.pid, *_descendants(self.process.pid)]
+            self.peak_total_pss_gb = max(self.peak_total_pss_gb, sum(map(_pss_gb, pids)))
 
     def __enter__(self) -> str:
         self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -84,6 +101,7 @@ class ServeProcess:
             try:
                 with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as response:
                     if response.status == 200:
+                        threading.Thread(target=self._sample, daemon=True).start()
                         return url
             except OSError:
                 pass
@@ -93,6 +111,7 @@ class ServeProcess:
             time.sleep(0.5)
 
     def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
         self.peak_rss_gb = _peak_rss_gb(self.process.pid)
         self.worker_peak_rss_gb = [g for g in map(_peak_rss_gb, _descendants(self.process.pid)) if g is not None]
         self.process.terminate()

@@ -331,6 +331,7 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
         "bytes_per_round": per_round, "keygen_register_s": keygen_s, "key_bytes": key_bytes,
         "export_compile_s": export_s, "export_peak_rss_gb": export_gb, "server_peak_rss_gb": server.peak_rss_gb,
         "he_processes": processes, "server_worker_peak_rss_gb": server.worker_peak_rss_gb,
+        "server_peak_total_pss_gb": server.peak_total_pss_gb,
         "client_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "encoded_mb": encoded_mb, "test_accuracy": accuracy,
         **({"tutorial_one_image_s": {"median_s": statistics.median(tutorial_s), "min_s": min(tutorial_s),
@@ -486,6 +487,9 @@ def markdown(report: dict[str, Any]) -> str:
                          + ", ".join(f"{g:.1f}" for g in r["server_worker_peak_rss_gb"])
                          + " GB each, pages shared copy-on-write counted in each)"
                          if r.get("server_worker_peak_rss_gb") else "")
+                      + (f", server and workers together {r['server_peak_total_pss_gb']:.1f} GB (peak sum of their "
+                         f"Pss, sampled each second: shared pages counted once)"
+                         if r.get("server_peak_total_pss_gb") else "")
                       + f"; the client (this process, torch and the ONNX reference "
                       f"included) {r['client_peak_rss_gb']:.1f} GB.", *_against_tutorial(r), ""]
     if report.get("ring_65536"):

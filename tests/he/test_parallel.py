@@ -205,3 +205,28 @@ def test_workers_read_key_store_keys_from_their_file(conv, tmp_path) -> None:
         assert parallel.failures == 0 and all(len(w.keys) == 1 for w in parallel.workers)  # the worker loaded them
     finally:
         parallel.close()
+
+
+def test_the_exchange_cost_gate_keeps_an_op_serial_when_pipes_cost_more_than_the_split_saves(conv) -> None:
+    # partition's gate: split only if the largest share plus EXCHANGE_COST per ciphertext crossing a pipe (the
+    # op's inputs out, each output's partial sum back) beats the serial op
+    from veil.he import parallel as par
+
+    plan, params, *_ = conv
+    evaluator = ParallelEvaluator(plan, params, processes=1, min_rotations=1)
+    evaluator._switches = lambda step: 0 if step == 0 else 1  # one key switch per rotation
+    mask = np.ones(4)
+    many_babies = [([(0, b, 0, mask) for b in range(1, 17)], [], None, [])]  # 1 input, 1 output, 16 rotations
+    shares = evaluator.partition(many_babies, 2)
+    assert shares is not None and len(shares) == 2
+    assert sorted(t for share in shares for _, ts in share for t in ts) == list(range(16))  # every term once
+    # 16 outputs sharing 4 baby rotations: a split saves ~2 key switches, 17 ciphertexts cross the pipes
+    shared = [([(0, b, 0, mask) for b in range(1, 5)], [], None, []) for _ in range(16)]
+    assert evaluator.partition(shared, 2) is None
+    # the same op with free pipes would split: it is the exchange cost that keeps it serial
+    saved = par.EXCHANGE_COST
+    try:
+        par.EXCHANGE_COST = 0.0
+        assert evaluator.partition(shared, 2) is not None
+    finally:
+        par.EXCHANGE_COST = saved
