@@ -40,12 +40,16 @@ def run_child(command: list[str]) -> tuple[float, float, str]:
     return wall, max(peak, before) / 1e6, done.stdout  # ru_maxrss is in kB on Linux
 
 
-def _peak_rss_gb(pid: int) -> float | None:
-    """A live process's peak resident set (VmHWM), GB; None when it is gone."""
+def _status_gb(pid: int, field: str) -> float | None:
+    """A live process's /proc status ``field`` (VmHWM: peak resident set, VmRSS: now), GB; None when it is gone."""
     try:
-        return int(re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1e6
+        return int(re.search(rf"{field}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1e6
     except (OSError, AttributeError):
         return None
+
+
+def _peak_rss_gb(pid: int) -> float | None:
+    return _status_gb(pid, "VmHWM")
 
 
 def _pss_gb(pid: int) -> float:
@@ -86,6 +90,10 @@ class ServeProcess:
         self.timeout_s, self.peak_rss_gb, self.process = timeout_s, None, None
         self.worker_peak_rss_gb: list[float] = []
         self.peak_total_pss_gb, self.sample_s, self._stop = 0.0, 1.0, threading.Event()
+
+    def rss_gb(self) -> float | None:
+        """The server's resident set now (VmRSS), GB."""
+        return _status_gb(self.process.pid, "VmRSS")
 
     def _sample(self) -> None:
         while not self._stop.wait(self.sample_s):

@@ -283,9 +283,11 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
         tenseal = Tenseal(train_tutorial(TutorialNet(), digits_28(digits.x_train), digits.y_train, 100), None)
     server = ServeProcess(repo, ["--he-encoded-mb", str(encoded_mb), "--he-processes", str(processes)])
     with server as url:
+        loaded_gb = server.rss_gb()  # masks encoded up to the budget, no keys yet
         start = time.perf_counter()
         session = HeSession.create(url, "resnet-he", workdir / "keys" / "resnet.keyring", progress=False)
         keygen_s = time.perf_counter() - start
+        keyed_gb = server.rss_gb()  # every round's keys registered and held parsed
         key_bytes = sum(ring.evaluation_keys().size_bytes for _, _, ring in session.rings.values())
         batch = min(int(seg["plan"]["batch_capacity"]) for seg in session.he["segments"])
         deadline, i = time.monotonic() + 60 * max_minutes, 0
@@ -331,7 +333,8 @@ def run_resnet_encrypted(ck: Path, workdir: Path, images: int, max_key_mib: int,
         "bytes_per_round": per_round, "keygen_register_s": keygen_s, "key_bytes": key_bytes,
         "export_compile_s": export_s, "export_peak_rss_gb": export_gb, "server_peak_rss_gb": server.peak_rss_gb,
         "he_processes": processes, "server_worker_peak_rss_gb": server.worker_peak_rss_gb,
-        "server_peak_total_pss_gb": server.peak_total_pss_gb,
+        "server_peak_total_pss_gb": server.peak_total_pss_gb, "server_rss_loaded_gb": loaded_gb,
+        "server_rss_with_keys_gb": keyed_gb,
         "client_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "encoded_mb": encoded_mb, "test_accuracy": accuracy,
         **({"tutorial_one_image_s": {"median_s": statistics.median(tutorial_s), "min_s": min(tutorial_s),
@@ -490,6 +493,9 @@ def markdown(report: dict[str, Any]) -> str:
                       + (f", server and workers together {r['server_peak_total_pss_gb']:.1f} GB (peak sum of their "
                          f"Pss, sampled each second: shared pages counted once)"
                          if r.get("server_peak_total_pss_gb") else "")
+                      + (f"; the server held {r['server_rss_loaded_gb']:.1f} GB once loaded and "
+                         f"{r['server_rss_with_keys_gb']:.1f} GB once the keys were registered"
+                         if r.get("server_rss_with_keys_gb") else "")
                       + f"; the client (this process, torch and the ONNX reference "
                       f"included) {r['client_peak_rss_gb']:.1f} GB.", *_against_tutorial(r), ""]
     if report.get("ring_65536"):
