@@ -156,9 +156,16 @@ class EvaluationKeys:
         return self._source
 
     @classmethod
-    def from_file(cls, path: Path) -> EvaluationKeys:
-        """:meth:`from_bytes` of a file, holding only the parsed keys (their bytes stay in the file)."""
-        keys = cls.from_bytes(Path(path).read_bytes())
+    def from_file(cls, path: Path, key_id: str | None = None) -> EvaluationKeys:
+        """:meth:`from_bytes` of a file, holding only the parsed keys (their bytes stay in the file).
+
+        Raises:
+            MalformedKeys: ``key_id`` is given and the file's SHA-256 differs (changed since it was registered).
+        """
+        data = Path(path).read_bytes()
+        if key_id is not None and hashlib.sha256(data).hexdigest() != key_id:
+            raise MalformedKeys(f"evaluation_keys: the file {Path(path).name} no longer holds the keys {key_id}")
+        keys = cls.from_bytes(data)
         keys.release_bytes(path)
         return keys
 

@@ -115,7 +115,9 @@ class ParallelEvaluator(PlanEvaluator):
             worker.keys.move_to_end(token)
             return
         # keys the key store holds parsed only are read by the worker from their file, never sent down the pipe
-        worker.send(("keys", token, str(keys.source) if keys.source is not None else keys.to_bytes()))
+        # (checked there against the key id, so a file changed since registration is refused, not evaluated with)
+        blob = (str(keys.source), keys.key_id) if keys.source is not None else keys.to_bytes()
+        worker.send(("keys", token, blob))
         worker.receive()
         worker.keys[token] = None
         while len(worker.keys) > self.pool.key_sets:

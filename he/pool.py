@@ -154,9 +154,9 @@ def _worker_main(pool: ForkedPool, conn: Any, parent_end: Any) -> None:
         try:
             kind, token = message[0], message[1]
             if kind == "keys":
-                blob = message[2]  # the key store's file, or the bytes of keys held in memory
-                keys[token] = EvaluationKeys.from_file(Path(blob)) if isinstance(blob, str) else \
-                    EvaluationKeys.from_bytes(blob)
+                blob = message[2]  # (the key store's file, its key id), or the bytes of keys held in memory
+                keys[token] = EvaluationKeys.from_file(Path(blob[0]), key_id=blob[1]) if isinstance(blob, tuple) \
+                    else EvaluationKeys.from_bytes(blob)
                 while len(keys) > pool.key_sets:
                     keys.popitem(last=False)
                 conn.send(("ok", None))

@@ -207,6 +207,28 @@ def test_workers_read_key_store_keys_from_their_file(conv, tmp_path) -> None:
         parallel.close()
 
 
+def test_a_worker_refuses_a_key_file_changed_since_registration(conv, tmp_path) -> None:
+    # the worker checks the file's SHA-256 against the key id: another client's valid keys swapped into the file are
+    # refused (the parent computes the share with the keys it holds), never silently evaluated with
+    from veil.he.keystore import KeyStore
+
+    plan, params, ring, keys, x, _ = conv
+    store = KeyStore(tmp_path / "keys", quota_bytes=10**9, ttl_seconds=3600.0)
+    reg = store.register(keys.to_bytes())
+    held = store.get(reg.key_id, reg.key_secret)
+    other = SecretKeyring.generate(params, plan.galois_steps).evaluation_keys().to_bytes()
+    held.source.chmod(0o600)
+    held.source.write_bytes(other)
+    cts = ring.encrypt(plan.encode_inputs(x))
+    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
+    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
+    try:
+        np.testing.assert_allclose(_decrypted(parallel, plan, ring, held, x, cts), serial, atol=1e-4, rtol=0)
+        assert parallel.failures >= 1
+    finally:
+        parallel.close()
+
+
 def test_the_exchange_cost_gate_keeps_an_op_serial_when_pipes_cost_more_than_the_split_saves(conv) -> None:
     # partition's gate: split only if the largest share plus EXCHANGE_COST per ciphertext crossing a pipe (the
     # op's inputs out, each output's partial sum back) beats the serial op
