@@ -75,7 +75,8 @@ class ServedSegment:
                  encoded_bytes: int | None = None) -> None:
         self.index, self.plan, self.params = index, plan, plan.parameters()
         # weights encoded here (up to encoded_bytes), not per call; with a pool (--he-processes != 1) the model's
-        # workers fork once every round has encoded its own (veil.he.pool.ForkedPool)
+        # workers fork at its first request, once every round has encoded its own and the client's keys are held
+        # (both inherited copy-on-write: veil.he.pool.ForkedPool)
         self.evaluator = (PlanEvaluator(plan, self.params, encoded_bytes) if pool is None else
                           ParallelEvaluator(plan, self.params, encoded_bytes, pool=pool))
         self.plan_hash, self.params_hash = plan.hash(), self.params.hash()
@@ -116,8 +117,6 @@ class HeModel:
             for k, plan in enumerate(self.segmented.plans):
                 self.stages.append(ServedSegment(k, plan, self._max_ciphertexts(plan), pool, budget))
                 budget = self.stages[-1].evaluator.encoded_bytes_left
-            if pool is not None:
-                pool.start()  # one worker set for every round, each forked with all of them encoded
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadFailed(f"model '{self.name}' version {self.version}: {self.path.parent}: {exc}") from None
         first = self.stages[0]  # what the first round (and a one-segment model) takes

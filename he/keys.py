@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,13 @@ class EvaluationKeys:
             self._source = Path(source)
             self._relin_bytes = None
             self._galois_parts = [(steps, None) for steps, _ in self._galois_parts]
+            _HELD[self._key_id] = self
+
+    @staticmethod
+    def held(key_id: str) -> EvaluationKeys | None:
+        """This process's parsed keys of that id whose bytes stay in a file (:meth:`release_bytes`): a worker forked
+        after they were parsed finds its parent's here, shared copy-on-write, instead of parsing their file again."""
+        return _HELD.get(key_id)
 
     @property
     def source(self) -> Path | None:
@@ -157,11 +165,8 @@ class EvaluationKeys:
 
     @classmethod
     def from_file(cls, path: Path, key_id: str | None = None) -> EvaluationKeys:
-        """:meth:`from_bytes` of a file, holding only the parsed keys (their bytes stay in the file).
-
-        Raises:
-            MalformedKeys: ``key_id`` is given and the file's SHA-256 differs (changed since it was registered).
-        """
+        """:meth:`from_bytes` of a file, holding only the parsed keys (their bytes stay in the file); with ``key_id``,
+        a file whose SHA-256 differs (changed since it was registered) raises :class:`MalformedKeys`."""
         data = Path(path).read_bytes()
         if key_id is not None and hashlib.sha256(data).hexdigest() != key_id:
             raise MalformedKeys(f"evaluation_keys: the file {Path(path).name} no longer holds the keys {key_id}")
@@ -223,6 +228,9 @@ class EvaluationKeys:
                 digest.update(part)
             self._key_id = digest.hexdigest()
         return self._key_id
+
+
+_HELD: weakref.WeakValueDictionary[str, EvaluationKeys] = weakref.WeakValueDictionary()  # key id -> held keys
 
 
 class SecretKeyring:

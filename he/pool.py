@@ -1,14 +1,17 @@
 """Forked worker processes shared by :class:`~veil.he.parallel.ParallelEvaluator` s: processes, pipes, key sets.
 
-Keys: a worker receives a key set's bytes (``EvaluationKeys.to_bytes()``), or the key store's file of keys held
-parsed only (``EvaluationKeys.source``, read by the worker), the first time it meets it and keeps
+Keys: a worker receives a key set's bytes (``EvaluationKeys.to_bytes()``), or the key id and file of keys the key
+store holds parsed only (``EvaluationKeys.source``), the first time it meets it. Keys the parent held when the worker
+forked are its parent's, shared copy-on-write (``EvaluationKeys.held``: a ResNet-20's 2.5 GB parsed once for both
+processes); others it reads from their file, checked against the key id. It keeps
 the last :attr:`ForkedPool.key_sets` parsed: :data:`KEY_SETS`, or as many as the pool's evaluators have parameter
 sets, so a deep model's request never evicts a key set it needs again (a ResNet-20's three sets through a two-set
 LRU re-sent its 1 GB N = 32768 set every request: +17 s). Input and partial ciphertexts travel serialized through a
 pipe.
 
 A deep model's rounds share one :class:`ForkedPool`: it forks once, after every round's evaluator has encoded its
-plaintexts, so a worker serves every round (messages name the evaluator) and parses each key set once. One pool per
+plaintexts (the server: at the first request, so the client's registered keys are inherited), so a worker serves
+every round (messages name the evaluator) and parses each key set once. One pool per
 round instead forked a worker per round, each parsing the same N = 32768 key set (a ResNet-20's 10 rounds: ~17 GB).
 
 Failures: a worker that dies or fails is logged once; its share is recomputed in the parent (the request still
@@ -155,8 +158,10 @@ def _worker_main(pool: ForkedPool, conn: Any, parent_end: Any) -> None:
             kind, token = message[0], message[1]
             if kind == "keys":
                 blob = message[2]  # (the key store's file, its key id), or the bytes of keys held in memory
-                keys[token] = EvaluationKeys.from_file(Path(blob[0]), key_id=blob[1]) if isinstance(blob, tuple) \
-                    else EvaluationKeys.from_bytes(blob)
+                if isinstance(blob, tuple):  # the parent's, if it held them when this worker forked (shared)
+                    keys[token] = EvaluationKeys.held(blob[1]) or EvaluationKeys.from_file(Path(blob[0]), blob[1])
+                else:
+                    keys[token] = EvaluationKeys.from_bytes(blob)
                 while len(keys) > pool.key_sets:
                     keys.popitem(last=False)
                 conn.send(("ok", None))

@@ -505,8 +505,9 @@ def test_a_deep_models_rounds_share_one_encoding_budget(deep_repo, oip) -> None:
 
 
 def test_a_deep_models_rounds_share_one_worker_pool(deep_repo, oip, tmp_path) -> None:
-    # --he-processes 2: one pool for the model, forked once after every round is encoded (a pool per round forked a
-    # worker per round, each parsing the same key set: a ResNet-20's 10 rounds took the server past 17 GB)
+    # --he-processes 2: one pool for the model (a pool per round forked a worker per round, each parsing the same key
+    # set: a ResNet-20's 10 rounds took the server past 17 GB), forked at the first request, after every round is
+    # encoded and the client's keys are held, so the worker shares them (tests/he/test_parallel.py)
     from veil.engine.dataplane import DataPlane
     from veil.engine.metrics import Metrics
     from veil.engine.server import open_keystore
@@ -516,20 +517,17 @@ def test_a_deep_models_rounds_share_one_worker_pool(deep_repo, oip, tmp_path) ->
     plane = DataPlane(repo, config.runtime_options(), Metrics(), lambda: open_keystore(config))
     plane.load_all(["deep-he"])
     stages = plane.models["deep-he"]["1"].stages
-    try:
-        pools = {id(stage.evaluator.pool) for stage in stages}
-        assert len(stages) == 2 and len(pools) == 1 and len(stages[0].evaluator.worker_pids()) == 1
-        assert stages[0].evaluator.worker_pids() == stages[1].evaluator.worker_pids()
-    finally:
-        stages[0].evaluator.close()
-    assert all(stage.evaluator.workers == [] for stage in stages)
-    with oip.live_server(config) as (url, server):  # and the rounds run on it, end to end
+    pools = {id(stage.evaluator.pool) for stage in stages}
+    assert len(stages) == 2 and len(pools) == 1 and all(stage.evaluator.workers == [] for stage in stages)
+    with oip.live_server(config) as (url, server):  # the rounds run on one worker, end to end
         session = HeSession.create(f"http://{url}", "deep-he", tmp_path / "k.keyring")
         x = data.x_test[:3]
         logits, expected = session.run(x), reference(repo, x)
-        served = server.config.app.state.dataplane.models["deep-he"]["1"].stages[0].evaluator
-        processes = [worker.process for worker in served.workers]
+        served = [stage.evaluator for stage in server.config.app.state.dataplane.models["deep-he"]["1"].stages]
+        assert served[0].worker_pids() == served[1].worker_pids() and len(served[0].worker_pids()) == 1
+        processes = [worker.process for worker in served[0].workers]
         assert len(processes) == 1 and processes[0].is_alive()
+        served = served[0]
     assert np.abs(logits - expected).max() < 1e-2 and np.array_equal(logits.argmax(1), expected.argmax(1))
     # the server's shutdown stops them (they lived on in the process that ran the server, holding its memory)
     assert served.workers == [] and not processes[0].is_alive()

@@ -189,17 +189,20 @@ def test_a_pool_keeps_one_parsed_key_set_per_parameter_set_of_its_rounds() -> No
 
 
 def test_workers_read_key_store_keys_from_their_file(conv, tmp_path) -> None:
-    # keys the key store holds parsed only (no seeded bytes in memory) reach a worker as their file's path
+    # keys the key store holds parsed only (no seeded bytes in memory), registered after the worker forked, reach it
+    # as their file's path and key id
     from veil.he.keystore import KeyStore
 
-    plan, params, ring, keys, x, _ = conv
+    plan, params, _, _, x, _ = conv
+    ring = SecretKeyring.generate(params, plan.galois_steps)  # keys no earlier test held (a fork would inherit them)
+    keys = ring.evaluation_keys()
+    cts = ring.encrypt(plan.encode_inputs(x))
+    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
+    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
     store = KeyStore(tmp_path / "keys", quota_bytes=10**9, ttl_seconds=3600.0)
     reg = store.register(keys.to_bytes())
     held = store.get(reg.key_id, reg.key_secret)
     assert held.source is not None and held._relin_bytes is None
-    cts = ring.encrypt(plan.encode_inputs(x))
-    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
-    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
     try:
         np.testing.assert_allclose(_decrypted(parallel, plan, ring, held, x, cts), serial, atol=1e-4, rtol=0)
         assert parallel.failures == 0 and all(len(w.keys) == 1 for w in parallel.workers)  # the worker loaded them
@@ -212,19 +215,47 @@ def test_a_worker_refuses_a_key_file_changed_since_registration(conv, tmp_path) 
     # refused (the parent computes the share with the keys it holds), never silently evaluated with
     from veil.he.keystore import KeyStore
 
-    plan, params, ring, keys, x, _ = conv
+    plan, params, _, _, x, _ = conv
+    ring = SecretKeyring.generate(params, plan.galois_steps)  # keys no earlier test held (a fork would inherit them)
+    keys = ring.evaluation_keys()
+    cts = ring.encrypt(plan.encode_inputs(x))
+    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
+    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)  # forked before the keys exist
     store = KeyStore(tmp_path / "keys", quota_bytes=10**9, ttl_seconds=3600.0)
     reg = store.register(keys.to_bytes())
     held = store.get(reg.key_id, reg.key_secret)
     other = SecretKeyring.generate(params, plan.galois_steps).evaluation_keys().to_bytes()
     held.source.chmod(0o600)
     held.source.write_bytes(other)
+    try:
+        np.testing.assert_allclose(_decrypted(parallel, plan, ring, held, x, cts), serial, atol=1e-4, rtol=0)
+        assert parallel.failures >= 1
+    finally:
+        parallel.close()
+
+
+def test_a_worker_forked_after_the_keys_were_held_shares_them(conv, tmp_path, monkeypatch) -> None:
+    # the server forks its workers at the first request, when the client's keys are held: a worker takes its
+    # parent's parsed keys (copy-on-write) and never parses the file again (a ResNet-20: 2.5 GB per process before)
+    from veil.he.keys import EvaluationKeys
+    from veil.he.keystore import KeyStore
+
+    plan, params, ring, keys, x, _ = conv
+    store = KeyStore(tmp_path / "keys", quota_bytes=10**9, ttl_seconds=3600.0)
+    reg = store.register(keys.to_bytes())
+    held = store.get(reg.key_id, reg.key_secret)
+    assert EvaluationKeys.held(reg.key_id) is held
+
+    def parsed(*_args, **_kwargs):
+        raise AssertionError("a worker parsed keys its parent held when it forked")
+
+    monkeypatch.setattr(EvaluationKeys, "from_file", parsed)  # inherited by the worker
     cts = ring.encrypt(plan.encode_inputs(x))
     serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
     parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
     try:
         np.testing.assert_allclose(_decrypted(parallel, plan, ring, held, x, cts), serial, atol=1e-4, rtol=0)
-        assert parallel.failures >= 1
+        assert parallel.failures == 0 and all(len(w.keys) == 1 for w in parallel.workers)
     finally:
         parallel.close()
 
