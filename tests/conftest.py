@@ -3,6 +3,7 @@ benchmark script; ``isolated`` tests run in a forked child."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import sys
@@ -58,14 +59,22 @@ def load_benchmark() -> Callable[[str], ModuleType]:
 # the parent's imports and fixtures copy-on-write (a fresh interpreter per test cost ~10 s of imports and fixture
 # set-up each, ~3 min of the suite), runs the test body, reports its outcome over a pipe and exits; whatever it
 # allocated goes with it. The child runs torch on one thread (xdist workers already do, above): GNU OpenMP's
-# thread pool does not survive a fork.
+# thread pool does not survive a fork. The parent's objects are frozen out of the child's garbage collector
+# (``gc.freeze``): finalizers of what earlier tests left behind must not run in the child. After
+# tests/engine/test_grpc.py (a gRPC aio server, its poller thread left running) in the same worker, the child of
+# tests/he/test_evaluate.py sat in ``Thread.join(timeout=0.2)`` called from collections during torch.onnx.export
+# (py-spy), a thread the child does not have: a 10 s test timed out at 900 s in CI. Reproduced by running those two
+# files in one process; the freeze fixes it.
 def _run_forked(pyfuncitem: pytest.Function) -> tuple[str, str]:
     """Run the test function in a forked child: ("passed" | "skipped" | "failed", message)."""
     import pickle
     import traceback
 
     read, write = os.pipe()
+    gc.freeze()  # the child never collects what it inherited (below)
     pid = os.fork()
+    if pid != 0:
+        gc.unfreeze()
     if pid == 0:  # the child: run the body, send the outcome, never return into pytest
         os.close(read)
         try:
