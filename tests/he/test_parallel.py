@@ -188,21 +188,29 @@ def test_a_pool_keeps_one_parsed_key_set_per_parameter_set_of_its_rounds() -> No
     assert pool.key_sets == 3 and len(pool.evaluators) == 5 and pool.workers == []
 
 
-def test_workers_read_key_store_keys_from_their_file(conv, tmp_path) -> None:
-    # keys the key store holds parsed only (no seeded bytes in memory), registered after the worker forked, reach it
-    # as their file's path and key id
+def _registered_after_the_fork(conv, tmp_path):
+    """Fresh keys (no earlier test held them, so no fork inherited them) registered in a key store after a worker
+    forked: (ring, keys held parsed only, input ciphertexts, the serial result, the parallel evaluator)."""
     from veil.he.keystore import KeyStore
 
     plan, params, _, _, x, _ = conv
-    ring = SecretKeyring.generate(params, plan.galois_steps)  # keys no earlier test held (a fork would inherit them)
+    ring = SecretKeyring.generate(params, plan.galois_steps)
     keys = ring.evaluation_keys()
     cts = ring.encrypt(plan.encode_inputs(x))
     serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
-    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
+    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)  # forked before the keys exist
     store = KeyStore(tmp_path / "keys", quota_bytes=10**9, ttl_seconds=3600.0)
     reg = store.register(keys.to_bytes())
     held = store.get(reg.key_id, reg.key_secret)
     assert held.source is not None and held._relin_bytes is None
+    return ring, held, cts, serial, parallel
+
+
+def test_workers_read_key_store_keys_from_their_file(conv, tmp_path) -> None:
+    # keys the key store holds parsed only (no seeded bytes in memory), registered after the worker forked, reach it
+    # as their file's path and key id
+    plan, _, _, _, x, _ = conv
+    ring, held, cts, serial, parallel = _registered_after_the_fork(conv, tmp_path)
     try:
         np.testing.assert_allclose(_decrypted(parallel, plan, ring, held, x, cts), serial, atol=1e-4, rtol=0)
         assert parallel.failures == 0 and all(len(w.keys) == 1 for w in parallel.workers)  # the worker loaded them
@@ -213,20 +221,10 @@ def test_workers_read_key_store_keys_from_their_file(conv, tmp_path) -> None:
 def test_a_worker_refuses_a_key_file_changed_since_registration(conv, tmp_path) -> None:
     # the worker checks the file's SHA-256 against the key id: another client's valid keys swapped into the file are
     # refused (the parent computes the share with the keys it holds), never silently evaluated with
-    from veil.he.keystore import KeyStore
-
     plan, params, _, _, x, _ = conv
-    ring = SecretKeyring.generate(params, plan.galois_steps)  # keys no earlier test held (a fork would inherit them)
-    keys = ring.evaluation_keys()
-    cts = ring.encrypt(plan.encode_inputs(x))
-    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
-    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)  # forked before the keys exist
-    store = KeyStore(tmp_path / "keys", quota_bytes=10**9, ttl_seconds=3600.0)
-    reg = store.register(keys.to_bytes())
-    held = store.get(reg.key_id, reg.key_secret)
-    other = SecretKeyring.generate(params, plan.galois_steps).evaluation_keys().to_bytes()
+    ring, held, cts, serial, parallel = _registered_after_the_fork(conv, tmp_path)
     held.source.chmod(0o600)
-    held.source.write_bytes(other)
+    held.source.write_bytes(SecretKeyring.generate(params, plan.galois_steps).evaluation_keys().to_bytes())
     try:
         np.testing.assert_allclose(_decrypted(parallel, plan, ring, held, x, cts), serial, atol=1e-4, rtol=0)
         assert parallel.failures >= 1
