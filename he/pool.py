@@ -99,6 +99,7 @@ class ForkedPool:
         self.parameter_sets: set[str] = set()
         self.workers: list[_Worker] = []
         self.lock = threading.Lock()
+        self._starting = threading.Lock()  # concurrent first requests fork one worker set, not one each
         self._exit_hook = False
 
     def add(self, evaluator: ParallelEvaluator) -> int:
@@ -115,19 +116,20 @@ class ForkedPool:
 
     def start(self) -> None:
         """Fork the workers (each inherits the encoded plaintexts copy-on-write)."""
-        if self.processes < 2 or self.workers:
-            return
-        context = multiprocessing.get_context("fork")
-        for _ in range(self.processes - 1):
-            parent_end, child_end = context.Pipe()
-            process = context.Process(target=_worker_main, args=(self, child_end, parent_end),
-                                      daemon=True, name="veil-he-worker")
-            process.start()
-            child_end.close()
-            self.workers.append(_Worker(process, parent_end))
-        if not self._exit_hook:
-            atexit.register(self.close)
-            self._exit_hook = True
+        with self._starting:
+            if self.processes < 2 or self.workers:
+                return
+            context = multiprocessing.get_context("fork")
+            for _ in range(self.processes - 1):
+                parent_end, child_end = context.Pipe()
+                process = context.Process(target=_worker_main, args=(self, child_end, parent_end),
+                                          daemon=True, name="veil-he-worker")
+                process.start()
+                child_end.close()
+                self.workers.append(_Worker(process, parent_end))  # the next child closes its pipe
+            if not self._exit_hook:
+                atexit.register(self.close)
+                self._exit_hook = True
 
     def close(self) -> None:
         """Stop the workers (idempotent); the evaluators stay usable, serially, until :meth:`start`."""

@@ -281,3 +281,23 @@ def test_the_exchange_cost_gate_keeps_an_op_serial_when_pipes_cost_more_than_the
         assert evaluator.partition(shared, 2) is not None
     finally:
         par.EXCHANGE_COST = saved
+
+
+def test_concurrent_first_requests_fork_one_worker_set(conv) -> None:
+    # the server forks at a model's first request: two requests arriving together must not fork a set each
+    import threading
+
+    from veil.he.pool import ForkedPool
+
+    plan, params, *_ = conv
+    pool = ForkedPool(2)
+    ParallelEvaluator(plan, params, pool=pool)
+    threads = [threading.Thread(target=pool.start) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(pool.workers) == 1 and pool.workers[0].process.is_alive()
+    finally:
+        pool.close()
