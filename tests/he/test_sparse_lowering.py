@@ -74,3 +74,57 @@ def test_a_cifar_size_stride_2_block_fits_the_largest_ring() -> None:
     simulated = _CONV.simulate(plan, x.numpy().astype(np.float64))
     expected = model(x).detach().numpy().reshape(2, -1)
     np.testing.assert_allclose(simulated.reshape(2, -1), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def _node_graph(op: str, shape: tuple[int, ...], consts: dict[str, np.ndarray], swap: bool = False):
+    """One ``op`` node reading x (B, *shape) and constant inputs, as an ONNX model with its initializers."""
+    import onnx
+    from onnx import helper
+
+    names = ["x", *consts] if not swap else [*consts, "x"]
+    node = helper.make_node(op, names, ["y"], **({"epsilon": 1e-5} if op == "BatchNormalization" else {}))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, *shape])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+_RNG = np.random.default_rng(3)
+_C = (_RNG.normal(size=(3, 1, 1)) + 2.0).astype(np.float32)
+
+
+@pytest.mark.parametrize(("op", "consts", "swap", "diagonal"), [
+    ("Mul", {"c": _C}, False, True), ("Add", {"c": _C}, True, True), ("Sub", {"c": _C}, True, True),
+    ("Div", {"c": _C}, False, True), ("Neg", {}, False, True),
+    ("Mul", {"c": np.array([0.0, 1.5, -2.0], np.float32).reshape(3, 1, 1)}, False, True),  # zeros dropped
+    ("BatchNormalization", {"s": _C.ravel(), "b": -_C.ravel(), "m": _C.ravel() / 3, "v": _C.ravel() ** 2}, False, True),
+    ("Add", {"c": _RNG.normal(size=(3, 4, 5)).astype(np.float32)}, False, False),  # x (3, 1, 5) grows: not diagonal
+])
+def test_an_elementwise_node_is_read_off_one_more_run(op, consts, swap, diagonal, monkeypatch) -> None:
+    # a shape-keeping elementwise node's matrix is diag(f(1) - f(0)) from one more run; before, the identity basis
+    # went through it in chunks (2 GiB and ~a minute per PolyNorm prenorm of a ResNet-20 stage-1 block, each time
+    # the segment search compiled it); the result equals the probed matrix, and a node that changes the shape
+    # still takes the basis
+    shape = (3, 4, 5) if diagonal else (3, 1, 5)
+    model = _node_graph(op, shape, consts, swap)
+    node, n = model.graph.node[0], int(np.prod(shape))
+    runs = []
+    run = compile_module._run
+    monkeypatch.setattr(compile_module, "_run", lambda *a: runs.append(1) or run(*a))
+    monkeypatch.setattr(compile_module, "PROBE_BYTES", 8 * 7 * 120)  # the basis in chunks of 7 vectors
+
+    def lowered() -> Affine:
+        builder = Builder()
+        x = Affine({builder.input(n, shape): identity(n)}, np.zeros(n), shape)
+        runs.clear()
+        return compile_module._affine_node(node, op, x, "x", dict(consts), list(model.opset_import))
+
+    fast = lowered()
+    fast_runs = len(runs)
+    monkeypatch.setattr(compile_module, "ELEMENTWISE_OPS", set())
+    probed = lowered()
+    assert fast_runs == (3 if diagonal else len(runs)) and len(runs) > 3
+    (a,), (b,) = (e.terms.values() for e in (fast, probed))
+    assert a.shape == b.shape and abs(a - b).max() <= 1e-12 * abs(b).max() and a.nnz == b.nnz
+    np.testing.assert_allclose(fast.bias, probed.bias, atol=1e-12)
+    assert fast.shape == probed.shape
