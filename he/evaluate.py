@@ -244,7 +244,8 @@ class PlanEvaluator:
     def _bsgs(self, xs: list[Ct], outputs: list, window: int, galois: GaloisSet) -> list[Ct]:
         """Masked-diagonal products for every output of one linear op (baby rotations shared by outputs)."""
         babies: dict[tuple[int, int], Ct] = {}
-        return [self._complete(self._diagonal_sum(xs, terms, babies, galois), xs, sums, bias, folding, window, galois)
+        return [self._complete(self._diagonal_sum(xs, terms, babies, galois),
+                               self._broadcast_sum(xs, sums, window, galois), bias, folding, galois)
                 for terms, sums, bias, folding in outputs]
 
     def _diagonal_sum(self, xs: list[Ct], terms: list, babies: dict[tuple[int, int], Ct], galois: GaloisSet) -> Ct | None:
@@ -263,20 +264,26 @@ class PlanEvaluator:
             total = _accumulate(ev, total, self.rotate(partial, g, galois))
         return total
 
-    def _complete(self, total: Ct | None, xs: list[Ct], sums: list, bias: sa.Plaintext, folding: list[int],
-                  window: int, galois: GaloisSet) -> Ct:
-        """One output of a linear op from its diagonal sum: folded partial sums added back (p + k S to p), the
-        broadcast terms' block sum, the bias, the rescale."""
+    def _broadcast_sum(self, xs: list[Ct], sums: list, window: int, galois: GaloisSet) -> Ct | None:
+        """An output's broadcast terms ``sum_k x_k * pt`` summed over each block (a PolyNorm's mean, on every slot
+        of the window); it reads the op's inputs only, so a worker may compute it beside the diagonal sums."""
         ev = self.chain.evaluator
-        for step in folding:
-            ev.add_inplace(total, self.rotate(total, step, galois))
         spread = None
         for k, pt in sums:
             term = Ct()
             ev.multiply_plain(xs[k], pt, term)
             spread = _accumulate(ev, spread, term)
-        if spread is not None:
-            total = _accumulate(ev, total, self._block_sum(spread, window, galois))
+        return None if spread is None else self._block_sum(spread, window, galois)
+
+    def _complete(self, total: Ct | None, broadcast: Ct | None, bias: sa.Plaintext, folding: list[int],
+                  galois: GaloisSet) -> Ct:
+        """One output of a linear op from its diagonal sum: folded partial sums added back (p + k S to p), its
+        :meth:`_broadcast_sum`, the bias, the rescale."""
+        ev = self.chain.evaluator
+        for step in folding:
+            ev.add_inplace(total, self.rotate(total, step, galois))
+        if broadcast is not None:
+            total = _accumulate(ev, total, broadcast)
         ev.add_plain_inplace(total, bias)
         return self.chain.rescale(total)
 

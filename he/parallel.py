@@ -37,7 +37,7 @@ from typing import Any
 import tenseal.sealapi as sa
 from veil.he.evaluate import PlanEvaluator, _accumulate
 from veil.he.keys import EvaluationKeys
-from veil.he.packing import decompose
+from veil.he.packing import decompose, sum_steps
 from veil.he.pool import ForkedPool, WorkerFailed, _Worker, default_processes
 from veil.he.serialize import seal_from_bytes, seal_to_bytes
 
@@ -45,6 +45,7 @@ logger = logging.getLogger("veil.he")
 MIN_ROTATIONS = 8  # a linear op with fewer key switches than this stays in the parent
 MULTIPLY_COST = 0.05  # a plaintext product, in key switches (N = 8192..16384, measured ~1/20)
 EXCHANGE_COST = 1.0  # one ciphertext across a pipe (SEAL's zstd save + parse), in key switches (~0.85)
+BROADCAST = -1  # in a share's term indices: the output's broadcast terms, block-summed (PlanEvaluator._broadcast_sum)
 Ct = sa.Ciphertext
 
 
@@ -196,20 +197,20 @@ class ParallelEvaluator(PlanEvaluator):
                 or not self._lock.acquire(blocking=False)):
             return super()._bsgs(xs, outputs, window, galois)
         try:
-            shares = self.partition(outputs, len(self.workers) + 1)
+            shares = self.partition(outputs, len(self.workers) + 1, window)
             if shares is None:
                 return super()._bsgs(xs, outputs, window, galois)
             op = self._op_index[id(self._current_op)]
             workers = list(self.workers)
             blobs = [seal_to_bytes(x) for x in xs]
             sent = self._send(workers, shares[1:], keys, lambda share: ("bsgs", id(keys), self.index, op, blobs, share))
-            partials = [self.partial_sums(xs, outputs, shares[0], galois)]
+            partials = [self.partial_sums(xs, outputs, shares[0], galois, window)]
             for worker, share in zip(workers, shares[1:], strict=False):
                 if not share:
                     continue
                 answer = self._receive(worker, sent)
                 if answer is None:
-                    partials.append(self.partial_sums(xs, outputs, share, galois))
+                    partials.append(self.partial_sums(xs, outputs, share, galois, window))
                 else:
                     partials.append({o: self._load(blob) for o, blob in answer.items()})
         finally:
@@ -220,16 +221,22 @@ class ParallelEvaluator(PlanEvaluator):
     def _switches(self, step: int) -> int:
         return 0 if step == 0 else len(decompose(step, self.keys, self.plan.key_modulus))
 
-    def partition(self, outputs: list, shares: int) -> list[list[tuple[int, list[int]]]] | None:
+    def partition(self, outputs: list, shares: int, window: int | None = None
+                  ) -> list[list[tuple[int, list[int]]]] | None:
         """The op's terms in ``shares`` shares, each a list of (output index, term indices); None: keep it serial.
 
         Two candidate splits, by giant group (output, g) or by baby (input, b); groups go to the least loaded
-        share (largest first), loads in key switches plus :data:`MULTIPLY_COST` per product; the split whose
+        share (largest first), loads in key switches plus :data:`MULTIPLY_COST` per product. With ``window``, an
+        output's broadcast terms are a group too (term index :data:`BROADCAST`: their block sum, a PolyNorm's
+        mean, needs only the op's inputs, so it runs beside the diagonal sums, not after them); the split whose
         largest share is smaller wins, if that share plus :data:`EXCHANGE_COST` per ciphertext that crosses a pipe
         (the op's inputs out, a share's partial sums back) is below the serial op's load."""
         babies = {(k, b) for terms, *_ in outputs for k, b, _, _ in terms}
         giants = {(o, g) for o, (terms, *_) in enumerate(outputs) for _, _, g, _ in terms}
-        switches = sum(self._switches(b) for _, b in babies) + sum(self._switches(g) for _, g in giants)
+        broadcasts = {(o, BROADCAST): len(sum_steps(window, self.period)) + MULTIPLY_COST * len(sums)
+                      for o, (_, sums, *_) in enumerate(outputs) if sums and window is not None}
+        switches = sum(self._switches(b) for _, b in babies) + sum(self._switches(g) for _, g in giants) + \
+            sum(broadcasts.values())
         if switches < self.min_rotations:
             return None
         serial = switches + MULTIPLY_COST * sum(len(terms) for terms, *_ in outputs)
@@ -243,6 +250,8 @@ class ParallelEvaluator(PlanEvaluator):
                     groups.setdefault(key, []).append((o, t))
                     needs.setdefault(key, set()).add(other)
             own = {key: self._switches(key[1]) + MULTIPLY_COST * len(items) for key, items in groups.items()}
+            for key, cost in broadcasts.items():
+                groups[key], needs[key], own[key] = [key], set(), cost
             bins: list[list[tuple[int, int]]] = [[] for _ in range(shares)]
             loads, seen = [0.0] * shares, [set() for _ in range(shares)]
             for key in sorted(groups, key=lambda kk: -own[kk]):
@@ -254,7 +263,7 @@ class ParallelEvaluator(PlanEvaluator):
             if best is None or max(loads) < best[0]:
                 best = (max(loads), bins)
         inputs = len({k for terms, *_ in outputs for k, *_ in terms})
-        if best[0] + EXCHANGE_COST * (inputs + len(outputs)) >= serial - 1e-9:
+        if best[0] + EXCHANGE_COST * (inputs + len(outputs) + len(broadcasts)) >= serial - 1e-9:
             return None
         out = []
         for items in best[1]:
@@ -264,20 +273,32 @@ class ParallelEvaluator(PlanEvaluator):
             out.append(sorted(per.items()))
         return out
 
-    def partial_sums(self, xs: list[Ct], outputs: list, share: list[tuple[int, list[int]]], galois) -> dict[int, Ct]:
-        """``sum_g rot_g(sum_b rot_b(x_k) * pt)`` over the share's terms, per output index."""
+    def partial_sums(self, xs: list[Ct], outputs: list, share: list[tuple[int, list[int]]], galois,
+                     window: int | None = None) -> dict[Any, Ct]:
+        """``sum_g rot_g(sum_b rot_b(x_k) * pt)`` over the share's terms, per output index ``o``; under the key
+        ``(o, BROADCAST)``, that output's broadcast sum where the share holds it."""
         babies: dict[tuple[int, int], Ct] = {}
-        sums = {o: self._diagonal_sum(xs, [outputs[o][0][t] for t in indices], babies, galois) for o, indices in share}
-        return {o: total for o, total in sums.items() if total is not None}
+        out: dict[Any, Ct] = {}
+        for o, indices in share:
+            total = self._diagonal_sum(xs, [outputs[o][0][t] for t in indices if t != BROADCAST], babies, galois)
+            if total is not None:
+                out[o] = total
+            if BROADCAST in indices:
+                out[o, BROADCAST] = self._broadcast_sum(xs, outputs[o][1], window, galois)
+        return out
 
     def _finish(self, xs: list[Ct], outputs: list, window: int, galois, partials: list[dict[int, Ct]]) -> list[Ct]:
-        """The shares added per output, then folding, broadcast terms, bias and rescale as in the serial path."""
+        """The shares added per output, then folding, the broadcast sum (here if no share held it), bias and
+        rescale as in the serial path."""
         ev = self.chain.evaluator
         results = []
         for o, (_, sums, bias, folding) in enumerate(outputs):
-            total = None
+            total, broadcast = None, None
             for part in partials:
                 if o in part:
                     total = _accumulate(ev, total, part[o])
-            results.append(self._complete(total, xs, sums, bias, folding, window, galois))
+                broadcast = part.get((o, BROADCAST), broadcast)
+            if broadcast is None and sums:
+                broadcast = self._broadcast_sum(xs, sums, window, galois)
+            results.append(self._complete(total, broadcast, bias, folding, galois))
         return results

@@ -174,7 +174,8 @@ def _worker_main(pool: ForkedPool, conn: Any, parent_end: Any) -> None:
             if kind == "bsgs":
                 _, _, _, op, blobs, share = message
                 xs = [seal_from_bytes(Ct(), ctx, blob) for blob in blobs]
-                partial = evaluator.partial_sums(xs, evaluator.encoded[op], share, keys[token].galois)
+                partial = evaluator.partial_sums(xs, evaluator.encoded[op], share, keys[token].galois,
+                                                 evaluator.plan.ops[op]["window"])
                 conn.send(("ok", {o: seal_to_bytes(ct) for o, ct in partial.items()}))
             elif kind == "run":
                 cts = [seal_from_bytes(Ct(), ctx, blob) for blob in message[3]]
