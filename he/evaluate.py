@@ -217,13 +217,20 @@ class PlanEvaluator:
             out = Ct()
             ev.add_plain(chain.at(xs[0], level), encoded, out)
             return [out]
-        x = chain.at(xs[0], level - 1)  # sumsq: square, block sum over the window, minus n mean^2
-        total = self._block_sum(chain.product(x, x, keys.relin), op["window"], keys.galois)
-        if len(xs) == 2:
-            mean = chain.at(xs[1], level - 1)
-            ev.sub_inplace(total, _times(ev, chain.product(mean, mean, keys.relin),
-                                         self.plan.spec["values"][op["inputs"][0]]["features"]))
-        return [total]
+        return [self._minus_mean_squares(self._square_sum(op, xs[0], keys), op, xs[1:], keys)]  # sumsq
+
+    def _square_sum(self, op: dict[str, Any], x: Ct, keys) -> Ct:
+        """A sumsq op's first half: ``x`` squared, block-summed over the window."""
+        x = self.chain.at(x, op["level"] - 1)
+        return self._block_sum(self.chain.product(x, x, keys.relin), op["window"], keys.galois)
+
+    def _minus_mean_squares(self, total: Ct, op: dict[str, Any], mean: list[Ct], keys) -> Ct:
+        """A sumsq op's second half: ``total - n mean^2`` when the op reads a mean (n: its input's features)."""
+        if mean:
+            m = self.chain.at(mean[0], op["level"] - 1)
+            self.chain.evaluator.sub_inplace(total, _times(self.chain.evaluator, self.chain.product(m, m, keys.relin),
+                                                           self.plan.spec["values"][op["inputs"][0]]["features"]))
+        return total
 
     def rotate(self, ct: Ct, step: int, galois: GaloisSet) -> Ct:
         """``ct`` rotated left by ``step`` slots with the manifest's keys (a new ciphertext)."""

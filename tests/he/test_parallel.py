@@ -341,3 +341,41 @@ def test_a_polynorm_mean_is_block_summed_beside_the_diagonal_sums_not_after_them
         assert parallel.failures == 0 and not any(late)  # none computed in the parent after the shares
     finally:
         parallel.close()
+
+
+def test_a_polynorm_right_after_a_cut_block_sums_its_mean_on_a_worker_beside_the_square_sum() -> None:
+    # a segment that starts with a PolyNorm (a ResNet block after a refresh cut) opens with a linear op too cheap
+    # to split (one diagonal and the mean); its mean's block sum and the next op's (sumsq) square block sum are
+    # independent, so a worker takes the first while the parent does the second (py-spy, ResNet-20 on 2 cores:
+    # that serial mean was 16 % of the server's time)
+    torch = pytest.importorskip("torch")
+    from veil.export import export_graph
+
+    torch.manual_seed(0)
+    norm = _MODELS.PolyNorm(1, _MODELS.PolyNormConfig(), layout="channels")
+    norm.running_var.fill_(0.3)
+    model = export_graph(torch.nn.Sequential(norm, _MODELS.poly_act(1, 2, channel_dim=1),
+                                             torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.Flatten(),
+                                             torch.nn.Linear(128, 10)).eval(),
+                         (torch.randn(4, 1, 8, 8),), ["x"], ["logits"], {"x": {0: "batch"}}).model
+    plan = compile(model, mode="latency")
+    params = plan.parameters()
+    ring = SecretKeyring.generate(params, plan.galois_steps)
+    keys = ring.evaluation_keys()
+    x = np.random.default_rng(7).normal(size=(1, 1, 8, 8))
+    cts = ring.encrypt(plan.encode_inputs(x))
+    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
+    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
+    try:
+        (pair,) = parallel._pairs
+        assert plan.ops[pair + 1]["op"] == "sumsq"
+        assert parallel.partition(parallel.encoded[pair], 2, plan.ops[pair]["window"]) is None  # not split
+        means, broadcast_sum = [], parallel._broadcast_sum
+        parallel._broadcast_sum = lambda xs, sums, *args: (sums and means.append(1)) or broadcast_sum(xs, sums, *args)
+        for _ in range(2):
+            got = _decrypted(parallel, plan, ring, keys, x, cts)
+            np.testing.assert_allclose(got, serial, atol=1e-4, rtol=0)
+            np.testing.assert_allclose(got, _MODELS.ort_run(model, x), atol=TOLERANCE, rtol=0)
+        assert parallel.failures == 0 and means == []  # the only mean was summed on the worker, both times
+    finally:
+        parallel.close()
