@@ -303,6 +303,17 @@ def test_concurrent_first_requests_fork_one_worker_set(conv) -> None:
         pool.close()
 
 
+def _keyed_with_serial(model, seed: int):
+    """A latency plan of ``model`` with keys, one random 8x8 image encrypted, and the serial path's output."""
+    plan = compile(model, mode="latency")
+    params = plan.parameters()
+    ring = SecretKeyring.generate(params, plan.galois_steps)
+    keys = ring.evaluation_keys()
+    x = np.random.default_rng(seed).normal(size=(1, 1, 8, 8))
+    cts = ring.encrypt(plan.encode_inputs(x))
+    return plan, params, ring, keys, x, cts, _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
+
+
 def test_a_polynorm_mean_is_block_summed_beside_the_diagonal_sums_not_after_them() -> None:
     # an output's broadcast terms (a PolyNorm's mean) read only the op's inputs, so their block sum is a group of
     # the split: a share computes it while the others compute diagonal sums, and the parent never rotates it after
@@ -310,13 +321,7 @@ def test_a_polynorm_mean_is_block_summed_beside_the_diagonal_sums_not_after_them
     from veil.he.parallel import BROADCAST
 
     model = _MODELS.exported("norm_conv")
-    plan = compile(model, mode="latency")
-    params = plan.parameters()
-    ring = SecretKeyring.generate(params, plan.galois_steps)
-    keys = ring.evaluation_keys()
-    x = np.random.default_rng(5).normal(size=(1, 1, 8, 8))
-    cts = ring.encrypt(plan.encode_inputs(x))
-    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
+    plan, params, ring, keys, x, cts, serial = _keyed_with_serial(model, seed=5)
     parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
     try:
         with_means = [(op, enc) for op, enc in zip(plan.ops, parallel.encoded, strict=True)
@@ -358,13 +363,7 @@ def test_a_polynorm_right_after_a_cut_block_sums_its_mean_on_a_worker_beside_the
                                              torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.Flatten(),
                                              torch.nn.Linear(128, 10)).eval(),
                          (torch.randn(4, 1, 8, 8),), ["x"], ["logits"], {"x": {0: "batch"}}).model
-    plan = compile(model, mode="latency")
-    params = plan.parameters()
-    ring = SecretKeyring.generate(params, plan.galois_steps)
-    keys = ring.evaluation_keys()
-    x = np.random.default_rng(7).normal(size=(1, 1, 8, 8))
-    cts = ring.encrypt(plan.encode_inputs(x))
-    serial = _decrypted(PlanEvaluator(plan, params), plan, ring, keys, x, cts)
+    plan, params, ring, keys, x, cts, serial = _keyed_with_serial(model, seed=7)
     parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
     try:
         (pair,) = parallel._pairs
