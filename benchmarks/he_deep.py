@@ -453,12 +453,14 @@ def _against_tutorial(r: dict[str, Any]) -> list[str]:
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     deep = "PolyMLP" if report.get("arch") == "mlp" else "PolyCNN"
-    models = [(deep, report["cnn"])] + ([("PolyViT", report["vit"])] if report.get("vit") else []) \
+    models = ([(deep, report["cnn"])] if report.get("cnn") else []) \
+        + ([("PolyViT", report["vit"])] if report.get("vit") else []) \
         + [(resnet_label(r), r) for r in report.get("resnets", {}).values()]
     lines = [
         "## Deep models encrypted with client refresh (`he_deep`)", "",
-        f"{env['date']}, {env['machine']}; `{report['command']}`. Digits {deep} width {report['width']} "
-        f"({report['epochs']} epochs" + (f", lr {report['lr']:g}" if report.get("lr") else "") + ")"
+        f"{env['date']}, {env['machine']}; `{report['command']}`."
+        + (f" Digits {deep} width {report['width']} ({report['epochs']} epochs"
+           + (f", lr {report['lr']:g}" if report.get("lr") else "") + ")" if report.get("cnn") else "")
         + (f"; digits PolyViT {report['vit_config']} ({report['vit_epochs']} epochs)" if report.get("vit") else "")
         + ". Test images through `veil serve` and `HeSession`, as many per request as one ciphertext of every "
         f"segment holds; seconds are per image (median over requests). {report['precision_bits']} bits of precision"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -383,3 +384,17 @@ def test_he_deep_benchmark_quick(load_benchmark, tmp_path) -> None:
     assert cnn["images_per_request"] >= 1 and "vit" not in report  # the PolyViT row is the full run's
     text = (tmp_path / "results.md").read_text()
     assert text.count("<!-- he_deep:begin -->") == 1 and "| PolyMLP |" in text
+
+
+def test_he_deep_reports_a_resnet_row_without_any_digits_row(load_benchmark, tmp_path) -> None:
+    # `--skip-cnn --skip-vit --resnet --out DIR` into a folder without a previous he_deep.json: the report has
+    # no PolyCNN row to carry over (before: KeyError 'cnn' after the whole encrypted run, only the raw JSON kept)
+    module = load_benchmark("he_deep")
+    raw = json.loads((Path(__file__).parents[1] / "docs" / "results" / "he_deep.json").read_text())
+    resnet = dict(list(raw["resnets"].items())[-1:])
+    report = {"environment": raw["environment"], "command": "python benchmarks/he_deep.py --skip-cnn --skip-vit "
+              "--resnet", "arch": "cnn", "width": 32, "epochs": 15, "lr": 1e-3, "precision_bits": 20, "max_n": None,
+              "resnets": resnet}
+    text = module.markdown(report)
+    (label,) = [module.resnet_label(r) for r in resnet.values()]
+    assert f"| {label} |" in text and "| PolyCNN |" not in text and "Digits PolyCNN" not in text
