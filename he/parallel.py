@@ -50,6 +50,14 @@ BROADCAST = -1  # in a share's term indices: the output's broadcast terms, block
 Ct = sa.Ciphertext
 
 
+class _Request(threading.local):
+    """One thread's request state: concurrent requests to one model each see their own keys, op and stash."""
+
+    keys: EvaluationKeys | None = None
+    op: dict[str, Any] | None = None
+    stashed: tuple[int, list[Ct]] | None = None  # a statistics pair's sumsq result, until its op asks
+
+
 class ParallelEvaluator(PlanEvaluator):
     """A :class:`PlanEvaluator` whose large latency-mode linear ops (and independent ciphertexts) use processes.
 
@@ -77,10 +85,8 @@ class ParallelEvaluator(PlanEvaluator):
         self._in_worker = False
         self._op_index = {id(op): i for i, op in enumerate(plan.ops)}
         self._pairs = _statistics_pairs(plan.ops, self.encoded)
-        self._stashed = threading.local()  # a pair's sumsq result, computed with its linear op, until asked for
         self._keys: OrderedDict[int, EvaluationKeys] = OrderedDict()  # id -> keys (held, so an id is not reused)
-        self._current_keys: EvaluationKeys | None = None
-        self._current_op: dict[str, Any] | None = None
+        self._request = _Request()
         self._warned = False
         if pool is None:
             self.start()
@@ -137,7 +143,7 @@ class ParallelEvaluator(PlanEvaluator):
         self._keys.move_to_end(id(eval_keys))
         while len(self._keys) > self.pool.key_sets + 1:
             self._keys.popitem(last=False)
-        self._current_keys = eval_keys
+        self._request.keys = eval_keys
         if self.plan.mode != "latency" or len(cts) < 2:
             return super().run(cts, eval_keys)
         return self._run_many(cts, eval_keys)
@@ -191,10 +197,9 @@ class ParallelEvaluator(PlanEvaluator):
         return seal_from_bytes(Ct(), self.chain.ctx, blob)
 
     def _latency(self, op, xs, encoded, keys):
-        self._current_op = op
+        self._request.op = op
         index = self._op_index[id(op)]
-        stashed = getattr(self._stashed, "result", None)
-        self._stashed.result = None
+        stashed, self._request.stashed = self._request.stashed, None
         if stashed is not None and stashed[0] == index:
             return stashed[1]
         if index in self._pairs and not self._in_worker and self.workers:
@@ -206,7 +211,7 @@ class ParallelEvaluator(PlanEvaluator):
     def _statistics_pair(self, index: int, xs: list[Ct], keys: EvaluationKeys) -> list[Ct] | None:
         """A PolyNorm's statistics when its linear op does not split (a diagonal, a mean): a worker block-sums the
         mean while the parent squares the other output and block-sums that for the next op (sumsq), the two
-        rotation chains at once instead of one after the other; the sumsq result waits in ``_stashed`` for its
+        rotation chains at once instead of one after the other; the sumsq result waits in ``_request`` for its
         op. None (nothing done) when the op splits or another request holds the workers."""
         op, outputs, galois, chain = self.plan.ops[index], self.encoded[index], keys.galois, self.chain
         if self.partition(outputs, len(self.workers) + 1, op["window"]) is not None \
@@ -235,11 +240,11 @@ class ParallelEvaluator(PlanEvaluator):
             self._lock.release()
         result = [outs[o] for o in range(len(outputs))]
         mean = [result[op["outputs"].index(v)] for v in nxt["inputs"][1:]]
-        self._stashed.result = (index + 1, [self._minus_mean_squares(square, nxt, mean, keys)])
+        self._request.stashed = (index + 1, [self._minus_mean_squares(square, nxt, mean, keys)])
         return result
 
     def _bsgs(self, xs: list[Ct], outputs: list, window: int, galois) -> list[Ct]:
-        keys = self._current_keys
+        keys = self._request.keys
         if (self._in_worker or not self.workers or keys is None or keys.galois is not galois
                 or not self._lock.acquire(blocking=False)):
             return super()._bsgs(xs, outputs, window, galois)
@@ -247,7 +252,7 @@ class ParallelEvaluator(PlanEvaluator):
             shares = self.partition(outputs, len(self.workers) + 1, window)
             if shares is None:
                 return super()._bsgs(xs, outputs, window, galois)
-            op = self._op_index[id(self._current_op)]
+            op = self._op_index[id(self._request.op)]
             workers = list(self.workers)
             blobs = [seal_to_bytes(x) for x in xs]
             sent = self._send(workers, shares[1:], keys, lambda share: ("bsgs", id(keys), self.index, op, blobs, share))

@@ -378,3 +378,43 @@ def test_a_polynorm_right_after_a_cut_block_sums_its_mean_on_a_worker_beside_the
         assert parallel.failures == 0 and means == []  # the only mean was summed on the worker, both times
     finally:
         parallel.close()
+
+
+def test_concurrent_requests_on_one_model_each_send_the_workers_their_own_op(conv) -> None:
+    # the server runs requests to one model in threads: while one request holds the workers, another runs
+    # serially through the same evaluator; the first must still send its own op to the workers (before: the op
+    # and keys were attributes of the evaluator, so it sent the op the second request reached last)
+    import threading
+
+    plan, params, ring, keys, x, reference = conv
+    parallel = ParallelEvaluator(plan, params, processes=2, min_rotations=1)
+    paused, resumed, results = threading.Event(), threading.Event(), {}
+    partition = parallel.partition
+
+    def pausing(*args, **kwargs):  # the first request stops inside its first split, holding the workers
+        if threading.current_thread().name == "first" and not paused.is_set():
+            paused.set()
+            resumed.wait(120)
+        return partition(*args, **kwargs)
+
+    def second() -> None:
+        paused.wait(120)
+        try:
+            results["second"] = _decrypted(parallel, plan, ring, keys, x[1:])
+        finally:
+            resumed.set()
+
+    parallel.partition = pausing
+    try:
+        threads = [threading.Thread(target=lambda: results.update(first=_decrypted(parallel, plan, ring, keys,
+                                                                                    x[:1])), name="first"),
+                   threading.Thread(target=second, name="second")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        np.testing.assert_allclose(results["first"], reference[:1], atol=TOLERANCE, rtol=0)
+        np.testing.assert_allclose(results["second"], reference[1:], atol=TOLERANCE, rtol=0)
+        assert paused.is_set() and parallel.failures == 0
+    finally:
+        parallel.close()
