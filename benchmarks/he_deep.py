@@ -463,7 +463,8 @@ def markdown(report: dict[str, Any]) -> str:
            + (f", lr {report['lr']:g}" if report.get("lr") else "") + ")" if report.get("cnn") else "")
         + (f"; digits PolyViT {report['vit_config']} ({report['vit_epochs']} epochs)" if report.get("vit") else "")
         + ". Test images through `veil serve` and `HeSession`, as many per request as one ciphertext of every "
-        f"segment holds; seconds are per image (median over requests). {report['precision_bits']} bits of precision"
+        f"segment holds; seconds are per image (median over requests). Digits rows at {report['precision_bits']} bits "
+        "of precision (a PolyResNet row at another precision names it)"
         + (f", segments limited to N <= {report['max_n']}" if report["max_n"] else "") + "."
         + "".join(f" The {label} row is carried over from the previous run ({previous['command']!r}, "
                   f"{previous['date']}), not measured in this one." for label, previous in report.get("carried", {}).items()),

@@ -285,7 +285,7 @@ class ParallelEvaluator(PlanEvaluator):
         (the op's inputs out, a share's partial sums back) is below the serial op's load."""
         babies = {(k, b) for terms, *_ in outputs for k, b, _, _ in terms}
         giants = {(o, g) for o, (terms, *_) in enumerate(outputs) for _, _, g, _ in terms}
-        broadcasts = {(o, BROADCAST): len(sum_steps(window, self.period)) + MULTIPLY_COST * len(sums)
+        broadcasts = {(o, BROADCAST): sum(map(self._switches, sum_steps(window, self.period))) + MULTIPLY_COST * len(sums)
                       for o, (_, sums, *_) in enumerate(outputs) if sums and window is not None}
         switches = sum(self._switches(b) for _, b in babies) + sum(self._switches(g) for _, g in giants) + \
             sum(broadcasts.values())
